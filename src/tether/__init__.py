@@ -1,0 +1,88 @@
+"""tether: a harness that lets LLM agents survive being interrupted.
+
+The agent proposes the next action; tether owns everything around it: a
+prioritised event inbox, versioned snapshots, a resume point before every
+tool call, idempotency keys, bounded recovery and a needs-a-person path.
+"""
+
+from tether.agent import Agent, TaskView
+from tether.errors import (
+    ConfigurationError,
+    CorruptSnapshot,
+    IllegalTransition,
+    InboxFull,
+    InvalidInput,
+    LeaseLost,
+    NotRetryable,
+    StoreError,
+    TaskClosed,
+    TaskNotFound,
+    TetherError,
+    ToolTimeout,
+    UnknownAgent,
+    UnknownEventType,
+    UnknownTool,
+    VersionNotFound,
+)
+from tether.harness import Harness, TaskInfo
+from tether.model import (
+    Action,
+    EmitReceipt,
+    Event,
+    Fail,
+    Finish,
+    Priority,
+    Reply,
+    Snapshot,
+    Spawn,
+    Status,
+    ToolCall,
+    Wait,
+)
+from tether.protocol import InterruptionProtocol, Rule
+from tether.settings import Settings
+from tether.tools import RetryPolicy, Tool, ToolContext
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Action",
+    "Agent",
+    "ConfigurationError",
+    "CorruptSnapshot",
+    "EmitReceipt",
+    "Event",
+    "Fail",
+    "Finish",
+    "Harness",
+    "IllegalTransition",
+    "InboxFull",
+    "InterruptionProtocol",
+    "InvalidInput",
+    "LeaseLost",
+    "NotRetryable",
+    "Priority",
+    "Reply",
+    "RetryPolicy",
+    "Rule",
+    "Settings",
+    "Snapshot",
+    "Spawn",
+    "Status",
+    "StoreError",
+    "TaskClosed",
+    "TaskInfo",
+    "TaskNotFound",
+    "TaskView",
+    "TetherError",
+    "Tool",
+    "ToolCall",
+    "ToolContext",
+    "ToolTimeout",
+    "UnknownAgent",
+    "UnknownEventType",
+    "UnknownTool",
+    "VersionNotFound",
+    "Wait",
+    "__version__",
+]

@@ -1,0 +1,123 @@
+"""Agents propose; the harness disposes (R17).
+
+An agent is any object with an async ``plan`` that looks at a read-only
+:class:`TaskView` and returns one action. It never touches the store, the
+inbox or the task's status: those belong to the runner. The one thing it may
+change is the current frame's ``scratch`` dict, which is saved with the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, overload
+
+from tether.model import Action, Event, Frame, Snapshot
+
+
+class HistoryView(Sequence[dict[str, Any]]):
+    """The full dialog, read-only, without copying it every step."""
+
+    def __init__(self, entries: list[dict[str, Any]]) -> None:
+        self._entries = entries
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[dict[str, Any]]: ...
+    def __getitem__(self, index: int | slice) -> dict[str, Any] | Sequence[dict[str, Any]]:
+        return self._entries[index]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self._entries)
+
+
+class TaskView:
+    """What an agent sees of its task. Only ``scratch`` may be changed."""
+
+    def __init__(self, snapshot: Snapshot, history: list[dict[str, Any]], scratch: dict[str, Any]):
+        self._snapshot = snapshot
+        self._frame: Frame = snapshot.frame
+        self.scratch = scratch
+        self.history = HistoryView(history)
+
+    @property
+    def task_id(self) -> str:
+        return self._snapshot.task_id
+
+    @property
+    def input(self) -> Any:
+        """This frame's input: the task input at the root, the Spawn input in a subtask."""
+        return self._frame.input
+
+    @property
+    def step(self) -> int:
+        return self._snapshot.step
+
+    @property
+    def depth(self) -> int:
+        """0 at the root frame, 1 in its subtask, and so on (R9)."""
+        return len(self._snapshot.stack) - 1
+
+    @property
+    def stack(self) -> tuple[str, ...]:
+        """Agent names from the root frame to this one."""
+        return tuple(frame.agent for frame in self._snapshot.stack)
+
+    @property
+    def child_result(self) -> Any:
+        """What the last finished subtask of this frame returned."""
+        return self._frame.child_result
+
+    @property
+    def child_error(self) -> str | None:
+        return self._frame.child_error
+
+    @property
+    def last_tool_result(self) -> Any:
+        return self._frame.last_tool_result
+
+    @property
+    def last_tool_error(self) -> Mapping[str, Any] | None:
+        """The failure of this frame's last tool call, if the agent chose to handle it."""
+        return self._frame.last_tool_error
+
+    @property
+    def last_event(self) -> Mapping[str, Any] | None:
+        """The event that ended the last ``Wait`` (``{"timeout": True}`` if none came)."""
+        return self._frame.last_event
+
+    @property
+    def signals(self) -> Mapping[str, Any]:
+        """The newest payload of each P3/P4 event type (progress and the like)."""
+        return MappingProxyType(self._snapshot.signals)
+
+
+class Agent:
+    """Base class for agents. Override :meth:`plan`; the other hooks are optional."""
+
+    name: str = ""
+
+    async def plan(self, task: TaskView) -> Action:
+        """Return the next action for this frame."""
+        raise NotImplementedError(f"agent {type(self).__name__} must implement plan()")
+
+    async def on_event(self, task: TaskView, event: Event) -> Action | None:
+        """React to an event (a user interrupt, a failed tool call); None takes the default.
+
+        The default for a P0 interrupt is to pause; for a tool that gave up, to
+        start a bounded recovery. An action returned here runs before the
+        frame's own planned work, which is kept (the to-do list survives).
+        """
+        return None
+
+    async def check_wait(self, task: TaskView, wait: Mapping[str, Any]) -> Any | None:
+        """Asked when a waiting task is loaded again: has the outside world moved on? (R16)
+
+        Return the payload of the awaited event if it already happened (say, the
+        approval system shows an approval that was never delivered), else None.
+        """
+        return None

@@ -1,0 +1,46 @@
+"""The handoff bundle: everything a person needs to understand a parked task, in one file (R26)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any
+
+import orjson
+
+from tether.model import Snapshot
+from tether.store import Store
+
+BUNDLE_FORMAT = 1
+
+
+async def export_bundle(store: Store, task_id: str) -> dict[str, Any]:
+    """Snapshot, dialog, failure reasons, events, idempotency records and recovery log."""
+    record = await store.get_task(task_id)
+    version, data = await store.load_head(task_id)
+    snap = Snapshot.loads(data, task_id, version)
+    history = await store.read_history(task_id, snap.history_segments)
+    return {
+        "format": BUNDLE_FORMAT,
+        "exported_at": time.time(),
+        "task": {**asdict(record), "status": record.status.value},
+        "reason": record.reason,
+        "failure_reasons": snap.recovery.reasons,
+        "snapshot_version": version,
+        "snapshot": orjson.loads(data),
+        "history": history[: snap.history_len],
+        "versions": [
+            {"version": v, "created_at": at, "bytes": size}
+            for v, at, size in await store.list_versions(task_id)
+        ],
+        "events": [
+            {**stored.event.to_dict(), "status": stored.status, "coalesce": stored.coalesce}
+            for stored in await store.list_events(task_id)
+        ],
+        "idempotency": [asdict(r) for r in await store.list_idempotency(task_id)],
+        "recovery_log": await store.list_recovery_log(task_id),
+    }
+
+
+def dumps_bundle(bundle: dict[str, Any]) -> bytes:
+    return orjson.dumps(bundle, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS)

@@ -1,0 +1,79 @@
+"""tether's exception hierarchy.
+
+Every error tether raises derives from :class:`TetherError`, so one ``except``
+catches them all. Each class's docstring is its default message; callers pass
+a more specific message naming the task, event, tool or version involved.
+"""
+
+from __future__ import annotations
+
+
+class TetherError(Exception):
+    """Something went wrong inside tether."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class ConfigurationError(TetherError):
+    """The harness is misconfigured: check the settings, protocol table and registrations."""
+
+
+class StoreURLError(ConfigurationError):
+    """The store URL is not understood; use sqlite:///path.db or memory://."""
+
+
+class UnknownAgent(ConfigurationError):
+    """No agent is registered under that name."""
+
+
+class UnknownTool(ConfigurationError):
+    """No tool is registered under that name."""
+
+
+class UnknownEventType(ConfigurationError):
+    """The event type is not in the interruption protocol; pass priority= or add it."""
+
+
+class InvalidInput(TetherError):
+    """The input is not valid: it must be JSON-serialisable and well formed."""
+
+
+class TaskNotFound(TetherError):
+    """No task with that id exists in the store."""
+
+
+class VersionNotFound(TetherError):
+    """That snapshot version is not kept for this task."""
+
+
+class IllegalTransition(TetherError):
+    """The task cannot move from its current status to the one requested."""
+
+
+class TaskClosed(TetherError):
+    """The task has finished (completed, failed or cancelled) and takes no more events."""
+
+
+class InboxFull(TetherError):
+    """The task's inbox is full: low-priority events are refused until it drains; retry later."""
+
+
+class LeaseLost(TetherError):
+    """This worker no longer holds the task's lease; another worker owns it now."""
+
+
+class CorruptSnapshot(TetherError):
+    """A stored snapshot could not be read back."""
+
+
+class StoreError(TetherError):
+    """The store failed to carry out an operation."""
+
+
+class ToolTimeout(TetherError):
+    """The tool call did not finish within its timeout."""
+
+
+class NotRetryable(TetherError):
+    """Raise this from a tool to stop its retries: the failure will not go away by itself."""

@@ -1,0 +1,130 @@
+"""The event inbox: how events get in (durably) and how the task's loop applies them (R3-R7).
+
+Sending an event only stores it (``Inbox.emit``); nothing about the task
+changes until its runner reads the inbox at the next tick and calls
+:func:`apply_event`. That split is what keeps handlers from racing the loop
+(R5). The interruption protocol decides priority and coalescing; the store
+enforces dedup (a unique ``source_event_id`` per task) and capacity.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from tether import recovery
+from tether.errors import InvalidInput, TaskNotFound
+from tether.model import EmitReceipt, Event, Priority, Status, action_to_dict, to_plain
+from tether.protocol import CONTROL_EVENTS, InterruptionProtocol
+from tether.settings import Settings
+from tether.store import InboxLimits, Store, StoredEvent
+
+if TYPE_CHECKING:
+    from tether.runner import Runner
+
+
+class Inbox:
+    """The sending side: validate, classify and durably store events."""
+
+    def __init__(self, store: Store, protocol: InterruptionProtocol, settings: Settings) -> None:
+        self.store = store
+        self.protocol = protocol
+        self.settings = settings
+
+    async def emit(self, event: Event) -> tuple[EmitReceipt, Priority]:
+        """Store *event*; returns only once it is durable (or refused with an error)."""
+        if not isinstance(event.type, str) or not event.type:
+            raise InvalidInput("an event needs a non-empty string type")
+        if not isinstance(event.task_id, str) or not event.task_id:
+            raise InvalidInput(f"event {event.type!r} names no task_id")
+        if event.source_event_id is not None and not isinstance(event.source_event_id, str):
+            raise InvalidInput("source_event_id must be a string")
+        event.payload = to_plain(event.payload)
+        rule = self.protocol.rule_for(event.type, event.priority)
+        limits = InboxLimits(
+            capacity=self.settings.inbox_capacity,
+            refusable=rule.priority >= Priority.P2,
+            coalesce=rule.coalesce,
+            window=self.settings.coalesce_window,
+            wakes_needs_human=event.type in CONTROL_EVENTS,
+        )
+        receipt = await self.store.add_event(event, int(rule.priority), limits, time.time())
+        return receipt, rule.priority
+
+
+async def apply_event(runner: Runner, stored: StoredEvent) -> None:
+    """Apply one event to the task: the only path by which events change state (R5)."""
+    event = stored.event
+    assert event.id is not None
+    snap = runner.snap
+    if event.type == "cancel":
+        await _cancel(runner, event)
+    elif event.type == "resume":
+        await recovery.human_resume(runner, event)
+    elif event.type == "rollback":
+        await recovery.rollback(runner, event)
+    elif snap.status.is_terminal or snap.status is Status.NEEDS_HUMAN:
+        runner.done_event(event.id, "ignored")
+        return
+    elif stored.priority >= Priority.P3:
+        snap.signals[event.type] = event.payload
+    else:
+        await _deliver(runner, event, stored.priority)
+    runner.done_event(event.id, "applied")
+
+
+async def _cancel(runner: Runner, event: Event) -> None:
+    if runner.snap.status.is_terminal:
+        return
+    runner.append_history({"role": "event", "type": "cancel", "content": event.payload})
+    runner.snap.call = None
+    runner.set_status(Status.CANCELLED)
+    recovery.clean_up_resources(runner)
+
+
+async def _deliver(runner: Runner, event: Event, priority: int) -> None:
+    """Record a P0-P2 event in the dialog, end a matching wait, and ask the agent."""
+    snap = runner.snap
+    assert event.id is not None
+    runner.append_history(_history_entry(event))
+    frame = snap.frame
+    wait = frame.wait
+    if snap.status is Status.WAITING and wait and wait["event_type"] == event.type:
+        end_wait(runner, event.to_dict())
+        return
+    scratch = dict(frame.scratch)
+    action = await runner.agent_for(frame).on_event(runner.view(scratch), event)
+    if action is not None:
+        frame.scratch = scratch
+        frame.agenda.insert(0, action_to_dict(action))
+        if snap.status is Status.WAITING:
+            end_wait(runner, event.to_dict())
+        return
+    if priority == Priority.P0 and snap.status is Status.RUNNING:
+        runner.set_status(Status.PAUSED)
+        runner.log_recovery("pause", event.id, f"{event.type}: paused, to-do list kept")
+    elif priority == Priority.P2 and snap.call is not None and snap.call.retry_at:
+        snap.call.retry_at = time.time()
+        runner.log_recovery("retry_now", event.id, f"{event.type}: retrying the failed call now")
+
+
+def end_wait(runner: Runner, outcome: dict[str, Any]) -> None:
+    """Resolve the frame's wait with the event that ended it (or a timeout marker)."""
+    frame = runner.snap.frame
+    frame.wait = None
+    frame.last_event = outcome
+    runner.set_status(Status.RUNNING)
+
+
+def _history_entry(event: Event) -> dict[str, Any]:
+    role = "user" if event.type in ("user_message", "follow_up", "amend", "user_interrupt") \
+        else "event"
+    return {"role": role, "type": event.type, "event_id": event.id, "content": event.payload}
+
+
+async def ensure_task(store: Store, task_id: str) -> None:
+    """Fail early, naming the task, when an operation targets a task that does not exist."""
+    try:
+        await store.get_task(task_id)
+    except TaskNotFound:
+        raise TaskNotFound(f"no task {task_id!r}; check the id with `tether ls`") from None

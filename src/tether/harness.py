@@ -1,0 +1,242 @@
+"""The harness: the control shell around agents (R17).
+
+It registers agents and tools, accepts tasks and events, runs workers, and
+gives people the levers: resume, roll back, cancel, export. It never decides
+what a task should do next; agents propose and the runner applies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar, overload
+
+from tether.agent import Agent
+from tether.bundle import dumps_bundle, export_bundle
+from tether.errors import ConfigurationError, InvalidInput, UnknownAgent
+from tether.events import Inbox, ensure_task
+from tether.model import EmitReceipt, Event, Frame, Priority, Snapshot, Status, TaskRecord, new_id
+from tether.model import to_plain as _to_plain
+from tether.protocol import InterruptionProtocol, Rule
+from tether.resources import ResourceKind, ResourceKinds
+from tether.runner import Runner
+from tether.settings import Settings
+from tether.store import Store, open_store
+from tether.tools import RetryPolicy, Tool, ToolFn
+from tether.worker import Worker, new_worker_id, run_claimed
+
+Notifier = Callable[[dict[str, Any]], Awaitable[None] | None]
+A = TypeVar("A", bound=Agent)
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """A task as a person sees it: index row plus the newest snapshot."""
+
+    record: TaskRecord
+    version: int
+    snapshot: Snapshot
+
+
+class Harness:
+    """Owns the store, the registries and the levers. One per application."""
+
+    def __init__(
+        self,
+        store: str | Store | None = None,
+        *,
+        settings: Settings | None = None,
+        protocol: InterruptionProtocol | dict[str, Rule | Priority | int] | None = None,
+        notifier: Notifier | None = None,
+        bundle_dir: str | Path | None = None,
+        worker_id: str | None = None,
+    ) -> None:
+        self.settings = settings or Settings()
+        self.protocol = protocol if isinstance(protocol, InterruptionProtocol) \
+            else InterruptionProtocol(protocol)
+        self._store_arg = store
+        self._store: Store | None = None
+        self.notifier = notifier
+        self.bundle_dir = Path(bundle_dir) if bundle_dir else None
+        self.worker_id = worker_id or new_worker_id()
+        self.agents: dict[str, Agent] = {}
+        self.tools: dict[str, Tool] = {}
+        self.resource_kinds = ResourceKinds()
+        self.runners: dict[str, Runner] = {}
+        self.log = logging.getLogger("tether")
+
+    @property
+    def store(self) -> Store:
+        """The store, opened on first use (so a module-level harness costs nothing to import)."""
+        if self._store is None:
+            arg = self._store_arg
+            self._store = arg if arg is not None and not isinstance(arg, str) \
+                else open_store(arg, self.settings)
+        return self._store
+
+    @property
+    def inbox(self) -> Inbox:
+        return Inbox(self.store, self.protocol, self.settings)
+
+    # ------------------------------------------------------------------ registration
+
+    @overload
+    def tool(self, fn: ToolFn, /) -> Tool: ...
+    @overload
+    def tool(self, *, name: str | None = None, side_effect: bool = False,
+             idempotent: bool = False, timeout: float | None = None,
+             retry: RetryPolicy | None = None,
+             interruptible: bool = False) -> Callable[[ToolFn], Tool]: ...
+    def tool(self, fn: ToolFn | None = None, /, *, name: str | None = None,
+             side_effect: bool = False, idempotent: bool = False, timeout: float | None = None,
+             retry: RetryPolicy | None = None,
+             interruptible: bool = False) -> Tool | Callable[[ToolFn], Tool]:
+        """Register an async tool ``fn(ctx, **args)``; see :class:`tether.tools.Tool`."""
+
+        def register(fn: ToolFn) -> Tool:
+            tool = Tool(fn, name=name or fn.__name__, side_effect=side_effect,
+                        idempotent=idempotent, timeout=timeout, retry=retry or RetryPolicy(),
+                        interruptible=interruptible)
+            if tool.name in self.tools:
+                raise ConfigurationError(f"a tool named {tool.name!r} is already registered")
+            self.tools[tool.name] = tool
+            return tool
+
+        return register(fn) if fn is not None else register
+
+    def agent(self, name: str) -> Callable[[type[A]], type[A]]:
+        """Register an agent class (instantiated with no arguments) under *name*."""
+
+        def register(cls: type[A]) -> type[A]:
+            self.add_agent(name, cls())
+            return cls
+
+        return register
+
+    def add_agent(self, name: str, agent: Agent) -> None:
+        """Register an agent instance (one built with arguments, say a model client)."""
+        if name in self.agents:
+            raise ConfigurationError(f"an agent named {name!r} is already registered")
+        if not inspect.iscoroutinefunction(getattr(agent, "plan", None)):
+            raise ConfigurationError(f"agent {name!r} needs an async plan(task) method")
+        agent.name = name
+        self.agents[name] = agent
+
+    def resource_kind(self, name: str, exists: Callable[[str], bool],
+                      cleanup: Callable[[str], None]) -> None:
+        """Teach the harness to check and clean up one more kind of external resource."""
+        self.resource_kinds.register(name, ResourceKind(exists, cleanup))
+
+    # ------------------------------------------------------------------ tasks and events
+
+    async def submit(self, agent: str, input: Any = None, task_id: str | None = None) -> str:
+        """Create a task run by *agent*; it starts when a worker claims it."""
+        if agent not in self.agents:
+            known = ", ".join(sorted(self.agents)) or "none"
+            raise UnknownAgent(f"no agent {agent!r} is registered (known: {known})")
+        task_id = task_id or new_id()
+        plain = _to_plain(input)
+        now = time.time()
+        snap = Snapshot(task_id=task_id, agent=agent, input=plain, created_at=now,
+                        stack=[Frame(agent=agent, input=plain)])
+        record = TaskRecord(task_id, agent, Status.PENDING, now, now, 1)
+        try:
+            await self.store.create_task(record, snap.dumps())
+        except Exception as exc:
+            if "UNIQUE" in str(exc) or "unique" in str(exc):
+                raise InvalidInput(f"a task with id {task_id!r} already exists") from exc
+            raise
+        return task_id
+
+    async def emit(self, event: Event) -> EmitReceipt:
+        """Store an event durably and tell a local runner; returns once it is stored (R19)."""
+        receipt, priority = await self.inbox.emit(event)
+        runner = self.runners.get(event.task_id)
+        if runner is not None and receipt.accepted:
+            runner.notify(int(priority))
+        return receipt
+
+    async def resume(self, task_id: str, message: str | None = None,
+                     frame_patch: dict[str, Any] | None = None,
+                     source_event_id: str | None = None) -> EmitReceipt:
+        """Resume a paused, parked or failed task, optionally with a message or frame patch."""
+        payload = {"message": message, "frame_patch": frame_patch}
+        return await self._control(Event("resume", task_id, payload,
+                                         source_event_id=source_event_id))
+
+    async def rollback(self, task_id: str, version: int,
+                       redo_side_effects: bool = False) -> EmitReceipt:
+        """Roll a task back to a kept version (R14). Side effects are not redone unless asked (E4)."""
+        await ensure_task(self.store, task_id)
+        await self.store.load_head(task_id, version)
+        payload = {"version": version, "redo_side_effects": redo_side_effects}
+        return await self._control(Event("rollback", task_id, payload))
+
+    async def cancel(self, task_id: str) -> EmitReceipt:
+        return await self._control(Event("cancel", task_id))
+
+    async def _control(self, event: Event) -> EmitReceipt:
+        """Deliver a control event, and apply it at once if no worker holds the task."""
+        await ensure_task(self.store, event.task_id)
+        receipt = await self.emit(event)
+        if event.task_id not in self.runners:
+            claim = await self.store.claim_task(event.task_id, self.worker_id, time.time(),
+                                                self.settings.lease_seconds)
+            if claim is not None:
+                await run_claimed(self, claim, steps=False)
+        return receipt
+
+    # ------------------------------------------------------------------ running
+
+    async def run_until_idle(self, concurrency: int = 4, timeout: float | None = None) -> None:
+        """Run tasks until none has work left (waiting tasks with future timers stay asleep)."""
+        await asyncio.wait_for(Worker(self, concurrency).run(until_idle=True), timeout)
+
+    async def serve(self, concurrency: int = 4, stop: asyncio.Event | None = None) -> None:
+        """Run as a long-lived worker: claim, run and recover tasks until *stop* is set."""
+        await self.wake_waiting()
+        await Worker(self, concurrency).run(until_idle=False, stop=stop)
+
+    async def wake_waiting(self) -> int:
+        """Have every waiting task re-checked once (R16): an approval may have come meanwhile."""
+        return await self.store.wake_all(Status.WAITING, time.time())
+
+    # ------------------------------------------------------------------ reading
+
+    async def get(self, task_id: str) -> TaskInfo:
+        record = await self.store.get_task(task_id)
+        version, data = await self.store.load_head(task_id)
+        return TaskInfo(record, version, Snapshot.loads(data, task_id, version))
+
+    async def history(self, task_id: str) -> list[dict[str, Any]]:
+        info = await self.get(task_id)
+        rows = await self.store.read_history(task_id, info.snapshot.history_segments)
+        return rows[: info.snapshot.history_len]
+
+    async def export(self, task_id: str) -> dict[str, Any]:
+        """The handoff bundle of a task (R26)."""
+        return await export_bundle(self.store, task_id)
+
+    async def notify(self, task_id: str) -> None:
+        """Export the bundle and call the notifier: someone has to look at this task."""
+        bundle = await self.export(task_id)
+        if self.bundle_dir is not None:
+            self.bundle_dir.mkdir(parents=True, exist_ok=True)
+            (self.bundle_dir / f"{task_id}.json").write_bytes(dumps_bundle(bundle))
+        if self.notifier is None:
+            self.log.warning("task %s needs a person: %s", task_id, bundle["reason"])
+            return
+        outcome = self.notifier(bundle)
+        if inspect.isawaitable(outcome):
+            await outcome
+
+    async def close(self) -> None:
+        if self._store is not None:
+            await self._store.close()
+            self._store = None
+

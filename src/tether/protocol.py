@@ -1,0 +1,106 @@
+"""The interruption protocol: which events interrupt, which wait, which never disturb (R4, R24).
+
+One table maps every event type to a priority and a coalescing class. The
+runner reads only this table to decide how an event is treated, so changing
+how the system reacts to, say, a degrade signal is a one-line change here or
+in the ``protocol=`` argument of :class:`tether.Harness`, never a hunt through
+handlers.
+
+Treatment by priority:
+
+====  ==========================================================================
+P0    preempt: cancels an in-flight plan (model call) or interruptible tool at
+      once; a side-effecting tool is let finish and its result recorded first
+      (E1). Unhandled by the agent, the task pauses.
+P1    applied as soon as the current tool call returns.
+P2    drives retry or compensation of the failing call.
+P3    recorded in the task's signals; never disturbs the flow.
+P4    same as P3, lowest priority; first to be refused under backpressure.
+====  ==========================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tether.errors import ConfigurationError, UnknownEventType
+from tether.model import Priority
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How one event type is treated."""
+
+    priority: Priority
+    coalesce: str | None = None
+    """Events of one task sharing a class inside the window collapse to the newest (R6, E2)."""
+
+
+CONTROL_EVENTS = frozenset({"cancel", "resume", "rollback"})
+"""Events the harness itself acts on; agents see them only through their effects."""
+
+DEFAULT_RULES: Mapping[str, Rule] = {
+    "user_interrupt": Rule(Priority.P0),
+    "cancel": Rule(Priority.P0),
+    "resume": Rule(Priority.P0, coalesce="resume"),
+    "rollback": Rule(Priority.P0),
+    "user_message": Rule(Priority.P1),
+    "follow_up": Rule(Priority.P1),
+    "amend": Rule(Priority.P1),
+    "approval": Rule(Priority.P1),
+    "webhook": Rule(Priority.P1),
+    "upstream_ready": Rule(Priority.P1),
+    "subtask_done": Rule(Priority.P1),
+    "timer": Rule(Priority.P1, coalesce="timer"),
+    "task_timeout": Rule(Priority.P0),
+    "tool_timeout": Rule(Priority.P2, coalesce="call_recovery"),
+    "tool_error": Rule(Priority.P2, coalesce="call_recovery"),
+    "retry": Rule(Priority.P2, coalesce="call_recovery"),
+    "degrade": Rule(Priority.P2, coalesce="call_recovery"),
+    "model_error": Rule(Priority.P2, coalesce="model_recovery"),
+    "progress": Rule(Priority.P3, coalesce="progress"),
+    "state_change": Rule(Priority.P3, coalesce="state_change"),
+    "heartbeat": Rule(Priority.P4, coalesce="heartbeat"),
+}
+
+
+class InterruptionProtocol:
+    """The one place that says how each event type is treated."""
+
+    def __init__(self, overrides: Mapping[str, Rule | Priority | int] | None = None) -> None:
+        self._rules: dict[str, Rule] = dict(DEFAULT_RULES)
+        for event_type, rule in (overrides or {}).items():
+            self._rules[event_type] = _as_rule(event_type, rule)
+
+    def rule_for(self, event_type: str, priority: Priority | int | None = None) -> Rule:
+        """The rule for an event, with an explicit priority overriding the table's."""
+        known = self._rules.get(event_type)
+        if priority is not None:
+            explicit = _as_priority(event_type, priority)
+            return Rule(explicit, known.coalesce if known else None)
+        if known is None:
+            raise UnknownEventType(
+                f"event type {event_type!r} is not in the interruption protocol; "
+                f"pass priority= or add it to the protocol (known: {', '.join(sorted(self._rules))})"
+            )
+        return known
+
+    def table(self) -> dict[str, Rule]:
+        """A copy of the whole table, for docs and the CLI."""
+        return dict(self._rules)
+
+
+def _as_priority(event_type: str, value: Priority | int) -> Priority:
+    try:
+        return Priority(int(value))
+    except ValueError:
+        raise ConfigurationError(
+            f"event type {event_type!r}: priority must be 0-4 (P0-P4), got {value!r}"
+        ) from None
+
+
+def _as_rule(event_type: str, rule: Rule | Priority | int) -> Rule:
+    if isinstance(rule, Rule):
+        return rule
+    return Rule(_as_priority(event_type, rule))

@@ -1,0 +1,336 @@
+"""Recovery: what the runner does after a crash, a failing tool, or a person stepping in.
+
+Strategies (R15): a process restart restores the newest snapshot and goes
+back to the last resume point; a call in flight at the crash is re-run if
+idempotent, reconciled if it has a hook, and otherwise handed to a person
+(never repeated blindly, R10); a tool that gives up is offered to the agent
+first (skip or compensate), then retried with backoff a bounded number of
+times, stopping early when the same failure fingerprint comes back (R22).
+Every decision writes one structured record (R23).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from tether.errors import TetherError
+from tether.failpoints import failpoint
+from tether.model import (
+    CallState,
+    Event,
+    Snapshot,
+    Status,
+    action_from_dict,
+    action_to_dict,
+    to_plain,
+)
+from tether.tools import Tool, ToolContext, describe_error, failure_fingerprint
+
+if TYPE_CHECKING:
+    from tether.runner import Runner
+
+log = logging.getLogger("tether.recovery")
+
+
+def log_record(runner: Runner, strategy: str, event_id: int | None, detail: str) -> dict[str, Any]:
+    """The structured record of one recovery action, with the fields R23 names."""
+    return {
+        "task_id": runner.snap.task_id,
+        "checkpoint_version": runner.version,
+        "event_id": event_id,
+        "resume_strategy": strategy,
+        "recovery_attempt": runner.snap.recovery.attempts,
+        "step": runner.snap.step,
+        "detail": detail,
+        "at": time.time(),
+    }
+
+
+def emit_log_records(records: list[dict[str, Any]], version: int) -> None:
+    for record in records:
+        log.info("recovery %s on task %s: %s", record["resume_strategy"], record["task_id"],
+                 record["detail"], extra={"tether": {**record, "written_version": version}})
+
+
+# ---------------------------------------------------------------------- restart
+
+
+async def restore(runner: Runner) -> None:
+    """Bring a freshly claimed task back to a state the loop can continue from."""
+    snap = runner.snap
+    if snap.status is Status.PENDING:
+        runner.set_status(Status.RUNNING)
+        return
+    crashed = runner.claim.crashed
+    in_doubt = snap.call is not None and snap.call.status == "started"
+    if crashed or in_doubt:
+        failpoint("during_recovery")
+        if crashed:
+            if not await _count_attempt(runner, "the worker running it died (lease expired)"):
+                return
+            runner.log_recovery("resume", detail=f"restored version {runner.version} at step"
+                                f" {snap.step} after the worker died")
+            check_resources(runner)
+        if in_doubt:
+            await resolve_in_doubt(runner)
+    if snap.status is Status.WAITING:
+        await _revalidate_wait(runner)
+
+
+async def _count_attempt(runner: Runner, why: str) -> bool:
+    """Count one recovery; False (and the task handed over) once the budget is spent (R12)."""
+    rec = runner.snap.recovery
+    rec.attempts += 1
+    rec.started_at = rec.started_at or time.time()
+    rec.reasons.append(why)
+    if rec.attempts > runner.settings.max_recovery_attempts:
+        await hand_to_person(runner, f"gave up after {rec.attempts - 1} recoveries at step"
+                             f" {runner.snap.step}; last: {why}", strategy="needs_human")
+        return False
+    if time.time() - rec.started_at > runner.settings.recovery_timeout:
+        runner.snap.error = (f"recovery took longer than recovery_timeout="
+                             f"{runner.settings.recovery_timeout}s; last: {why}")
+        runner.set_status(Status.FAILED)
+        runner.log_recovery("fail_timeout", detail=runner.snap.error)
+        return False
+    return True
+
+
+async def resolve_in_doubt(runner: Runner) -> None:
+    """Decide what to do with a call whose outcome a crash left unknown (R10)."""
+    call = runner.snap.call
+    assert call is not None
+    record = await runner.store.get_idempotency(call.key)
+    if record and record.status == "succeeded" and record.args_hash == call.args_hash:
+        runner.log_recovery("reuse_result", detail=f"{call.tool} finished before the crash")
+        await runner.finish_call(call, record.result, from_record=True)
+        return
+    tool = runner.harness.tools.get(call.tool)
+    if tool is None:
+        await hand_to_person(runner, f"tool {call.tool!r} (call {call.key}) is no longer"
+                             " registered, so its in-flight outcome cannot be checked (E8)")
+        return
+    if tool.idempotent:
+        call.status = "planned"
+        runner.log_recovery("rerun_idempotent", detail=f"{call.tool} re-runs with key {call.key}")
+        return
+    if tool.reconcile_fn is None:
+        await hand_to_person(runner, f"outcome unknown: side-effecting call {call.tool}"
+                             f"({_args_text(call)}) key={call.key} was in flight when the worker"
+                             " died and the tool has no reconcile hook; it was not repeated")
+        return
+    await _reconcile(runner, tool, call)
+
+
+async def _reconcile(runner: Runner, tool: Tool, call: CallState) -> None:
+    assert tool.reconcile_fn is not None
+    ctx = ToolContext(runner.snap.task_id, tool.name, call.key, call.attempt)
+    try:
+        found = await tool.reconcile_fn(ctx, **call.args)
+    except Exception as error:  # the hook itself failing must not crash the worker
+        await hand_to_person(runner, f"reconcile hook of {call.tool} failed for key {call.key}:"
+                             f" {describe_error(error)}; the call was not repeated")
+        return
+    if found is None:
+        call.status = "planned"
+        runner.log_recovery("reconcile_not_done", detail=f"{call.tool} key={call.key} never"
+                            " happened; it runs now with the same key")
+        return
+    runner.log_recovery("reconcile", detail=f"{call.tool} key={call.key} had happened; its"
+                        " result was recovered, not repeated")
+    await runner.finish_call(call, to_plain(found))
+
+
+async def _revalidate_wait(runner: Runner) -> None:
+    """A waiting task loaded again: did its event time out, or happen unseen? (R16)."""
+    from tether.events import end_wait
+
+    frame = runner.snap.frame
+    wait = frame.wait
+    if not wait:
+        return
+    due = wait.get("due_at")
+    if due is not None and due <= time.time():
+        end_wait(runner, {"type": wait["event_type"], "timeout": True})
+        runner.log_recovery("wait_timeout", detail=f"no {wait['event_type']} before the deadline")
+        return
+    pending = [e for e in await runner.store.pending_events(runner.snap.task_id)
+               if e.event.type == wait["event_type"]]
+    if pending:
+        return
+    agent = runner.agent_for(frame)
+    found = await agent.check_wait(runner.view(), wait)
+    if found is not None:
+        end_wait(runner, {"type": wait["event_type"], "payload": to_plain(found),
+                          "source": "check_wait"})
+        runner.log_recovery("wait_validated", detail=f"{wait['event_type']} had already"
+                            " happened outside; the wait ends without the event")
+
+
+def check_resources(runner: Runner) -> None:
+    """Mark resources that vanished while the task was down, so the agent can see it (R16)."""
+    for resource in runner.snap.resources:
+        try:
+            exists = runner.harness.resource_kinds.get(resource.kind).exists(resource.ref)
+        except TetherError as error:
+            exists, detail = False, str(error)
+        else:
+            detail = f"{resource.kind} {resource.ref} is gone"
+        if not exists and not resource.missing:
+            resource.missing = True
+            runner.log_recovery("resource_missing", detail=detail)
+
+
+def clean_up_resources(runner: Runner) -> None:
+    """Apply each resource's cleanup policy when the task ends."""
+    succeeded = runner.snap.status is Status.COMPLETED
+    for resource in runner.snap.resources:
+        if resource.cleanup == "keep" or (resource.cleanup == "on_success" and not succeeded):
+            continue
+        try:
+            runner.harness.resource_kinds.get(resource.kind).cleanup(resource.ref)
+        except (OSError, TetherError) as error:
+            runner.log_recovery("cleanup_failed", detail=f"{resource.kind} {resource.ref}: {error}")
+
+
+# ---------------------------------------------------------------------- tool failures
+
+
+async def tool_failed(runner: Runner, tool: Tool, call: CallState, error: Exception) -> None:
+    """A call attempt failed: retry per policy, else let the agent compensate, else recover."""
+    fingerprint = failure_fingerprint(tool.name, error)
+    call.fingerprints.append(fingerprint)
+    call.error = describe_error(error)
+    runner.record_idempotency(call, "failed", error=call.error)
+    if tool.retry.should_retry(error, call.attempt):
+        call.status = "failed"
+        call.retry_at = time.time() + tool.retry.delay(call.attempt)
+        await runner.commit()
+        return
+    await _give_up(runner, call, fingerprint)
+
+
+async def _give_up(runner: Runner, call: CallState, fingerprint: str) -> None:
+    snap = runner.snap
+    frame = snap.frame
+    failure = {"tool": call.tool, "key": call.key, "error": call.error,
+               "fingerprint": fingerprint, "attempts": call.attempt}
+    runner.append_history({"role": "tool", "name": call.tool, "key": call.key,
+                           "error": call.error})
+    event = Event("tool_error", snap.task_id, failure, priority=2)
+    scratch = dict(frame.scratch)
+    action = await runner.agent_for(frame).on_event(runner.view(scratch), event)
+    if action is not None:
+        frame.scratch = scratch
+        frame.last_tool_error = failure
+        frame.agenda.pop(0)
+        frame.steps += 1
+        snap.step += 1
+        snap.call = None
+        frame.agenda.insert(0, action_to_dict(action))
+        runner.log_recovery("skip", detail=f"{call.tool} failed for good ({call.error}); the"
+                            f" agent chose {action_from_dict(frame.agenda[0]).__class__.__name__}")
+        await runner.commit()
+        return
+    await _recover_call(runner, call, fingerprint)
+
+
+async def _recover_call(runner: Runner, call: CallState, fingerprint: str) -> None:
+    rec = runner.snap.recovery
+    if fingerprint in rec.fingerprints:
+        await hand_to_person(runner, f"{call.tool} failed again the same way ({call.error});"
+                             f" fingerprint {fingerprint} seen before, so it is not retried (R22)")
+        return
+    if not await _count_attempt(runner, f"{call.tool}: {call.error}"):
+        await runner.commit()
+        return
+    rec.fingerprints.append(fingerprint)
+    delay = runner.settings.recovery_backoff * (2 ** (rec.attempts - 1))
+    call.status = "failed"
+    call.attempt = 0
+    call.retry_at = time.time() + delay
+    runner.log_recovery("retry_backoff", detail=f"{call.tool} gave up ({call.error}); retrying"
+                        f" in {delay:.2f}s, recovery {rec.attempts} of"
+                        f" {runner.settings.max_recovery_attempts}")
+    await runner.commit()
+
+
+def progress_made(runner: Runner) -> None:
+    """A step succeeded: the recovery budget is per resume point, so it starts afresh."""
+    rec = runner.snap.recovery
+    if rec.attempts or rec.fingerprints:
+        rec.attempts = 0
+        rec.fingerprints = []
+        rec.started_at = None
+
+
+# ---------------------------------------------------------------------- people
+
+
+async def hand_to_person(runner: Runner, reason: str, strategy: str = "needs_human") -> None:
+    """Park the task for a person (R26); the worker exports the bundle and notifies."""
+    runner.snap.error = reason
+    runner.snap.recovery.reasons.append(reason)
+    runner.set_status(Status.NEEDS_HUMAN)
+    runner.log_recovery(strategy, detail=reason)
+    await runner.commit()
+
+
+async def human_resume(runner: Runner, event: Event) -> None:
+    """A person resumes a paused, waiting or parked task, optionally amending it."""
+    snap = runner.snap
+    assert event.id is not None
+    if snap.status not in (Status.PAUSED, Status.NEEDS_HUMAN, Status.FAILED, Status.WAITING):
+        runner.log_recovery("resume_ignored", event.id,
+                            f"task already {snap.status.value}; duplicate resume signal (R21)")
+        return
+    payload = event.payload or {}
+    if payload.get("message"):
+        runner.append_history({"role": "user", "type": "resume", "content": payload["message"]})
+    if payload.get("frame_patch"):
+        snap.frame.scratch.update(payload["frame_patch"])
+    snap.recovery = type(snap.recovery)()
+    snap.error = None
+    if snap.call is not None and snap.call.status == "started":
+        snap.call.status = "planned"
+    if snap.frame.wait:
+        snap.frame.wait = None
+        snap.frame.last_event = {"type": "resume", "payload": payload}
+    runner.set_status(Status.RUNNING)
+    runner.log_recovery("human_resume", event.id, str(payload.get("message") or "resumed"))
+
+
+async def rollback(runner: Runner, event: Event) -> None:
+    """Go back to a kept version; later dialog rows stay stored on their own branch (R14, E4)."""
+    assert event.id is not None
+    payload = event.payload or {}
+    version = int(payload["version"])
+    task_id = runner.snap.task_id
+    _, data = await runner.store.load_head(task_id, version)
+    old = Snapshot.loads(data, task_id, version)
+    failpoint("during_rollback")
+    epoch = await runner.store.next_epoch(task_id)
+    segments = [list(s) for s in old.history_segments]
+    segments[-1][1] = old.history_len
+    old.history_segments = [*segments, [epoch, -1]]
+    if payload.get("redo_side_effects"):
+        old.key_salt = f"~redo{epoch}"
+    old.recovery = type(old.recovery)()
+    if old.status is Status.PENDING:
+        old.status = Status.RUNNING
+    elif old.status is Status.NEEDS_HUMAN or old.status.is_terminal:
+        old.status = Status.PAUSED
+    runner.snap = old
+    history = await runner.store.read_history(task_id, old.history_segments)
+    runner.history[:] = history[: old.history_len]
+    runner.log_recovery("rollback", event.id, f"rolled back to version {version}"
+                        + (" (side effects will be redone)" if payload.get("redo_side_effects")
+                           else ""))
+    if old.call is not None and old.call.status == "started":
+        await resolve_in_doubt(runner)
+
+
+def _args_text(call: CallState) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in call.args.items())[:200]

@@ -1,0 +1,392 @@
+"""The per-task runner: each tick drains the inbox, then executes one step (R5, R11).
+
+The runner is the single place that changes a task's state. Events are read
+from the store and applied here, between steps; agents only propose actions.
+Every tool call gets a resume point (a checkpoint recording its inputs and
+idempotency key) before it runs, and its result is committed together with
+the new head, the dialog rows and the events it consumed, in one transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from tether import recovery
+from tether.agent import Agent, TaskView
+from tether.errors import CorruptSnapshot, LeaseLost, ToolTimeout, UnknownAgent
+from tether.events import apply_event
+from tether.failpoints import failpoint
+from tether.model import (
+    Action,
+    CallState,
+    Fail,
+    Finish,
+    Frame,
+    IdempotencyRecord,
+    Reply,
+    Snapshot,
+    Spawn,
+    Status,
+    ToolCall,
+    Wait,
+    action_from_dict,
+    action_to_dict,
+    check_transition,
+    to_plain,
+)
+from tether.store import Checkpoint, Claim, HistoryRow
+from tether.tools import Tool, ToolContext, args_hash, describe_error, idempotency_key
+
+if TYPE_CHECKING:
+    from tether.harness import Harness
+
+T = TypeVar("T")
+
+
+class Preempted(Exception):
+    """Internal: a P0 event cancelled the plan or interruptible tool in flight."""
+
+
+class Runner:
+    """Runs one claimed task until it parks, finishes or loses its lease."""
+
+    def __init__(self, harness: Harness, claim: Claim, snap: Snapshot, version: int,
+                 history: list[dict[str, Any]]) -> None:
+        self.harness = harness
+        self.store = harness.store
+        self.settings = harness.settings
+        self.claim = claim
+        self.snap = snap
+        self.version = version
+        self.history = history
+        self.wake = asyncio.Event()
+        self._cancellable: asyncio.Future[Any] | None = None
+        self._preempting = False
+        self._rows: list[HistoryRow] = []
+        self._events_done: list[tuple[int, str]] = []
+        self._idempotency: list[IdempotencyRecord] = []
+        self._log: list[dict[str, Any]] = []
+        self._unsaved_steps = 0
+
+    # ------------------------------------------------------------------ loading
+
+    @classmethod
+    async def load(cls, harness: Harness, claim: Claim) -> Runner:
+        """Load the newest readable snapshot, falling back past corrupt versions."""
+        store = harness.store
+        version, data = await store.load_head(claim.task_id)
+        skipped: list[str] = []
+        while True:
+            try:
+                snap = Snapshot.loads(data, claim.task_id, version)
+                break
+            except CorruptSnapshot as exc:
+                skipped.append(str(exc))
+                older = [v for v, _, _ in await store.list_versions(claim.task_id) if v < version]
+                if not older:
+                    raise CorruptSnapshot(
+                        f"task {claim.task_id}: no readable snapshot is kept ({'; '.join(skipped)})"
+                    ) from exc
+                version, data = await store.load_head(claim.task_id, older[-1])
+        history = (await store.read_history(claim.task_id, snap.history_segments))
+        runner = cls(harness, claim, snap, version, history[: snap.history_len])
+        for reason in skipped:
+            runner.log_recovery("fallback_version", detail=reason)
+        return runner
+
+    def view(self, scratch: dict[str, Any] | None = None) -> TaskView:
+        scratch = copy.deepcopy(self.snap.frame.scratch) if scratch is None else scratch
+        return TaskView(self.snap, self.history, scratch)
+
+    def agent_for(self, frame: Frame) -> Agent:
+        try:
+            return self.harness.agents[frame.agent]
+        except KeyError:
+            raise UnknownAgent(
+                f"agent {frame.agent!r} named by task {self.snap.task_id} is not registered"
+            ) from None
+
+    # ------------------------------------------------------------------ main loop
+
+    async def run(self) -> Status:
+        """Tick until the task parks (waiting, paused, needs_human) or ends."""
+        await recovery.restore(self)
+        while True:
+            await self.tick()
+            if self.snap.status is not Status.RUNNING:
+                break
+            call = self.snap.call
+            if call and call.retry_at and call.retry_at > time.time():
+                await self.sleep_until(call.retry_at)
+                continue
+            await self.step()
+        await self.flush()
+        return self.snap.status
+
+    async def tick(self) -> None:
+        """Drain the inbox: apply pending events, most urgent first (R5)."""
+        self.wake.clear()
+        done = {event_id for event_id, _ in self._events_done}
+        for stored in await self.store.pending_events(self.snap.task_id):
+            if stored.event.id not in done:
+                await apply_event(self, stored)
+
+    async def step(self) -> None:
+        """Carry out the frame's next recorded action, planning one first if there is none."""
+        frame = self.snap.frame
+        if self.snap.call is not None:
+            await self.call_tool(action_from_dict(frame.agenda[0]))
+            return
+        if not frame.agenda:
+            try:
+                action, scratch = await self.plan()
+            except Preempted:
+                return
+            frame.scratch = scratch
+            frame.agenda.append(action_to_dict(action))
+        action = action_from_dict(frame.agenda[0])
+        failpoint("before_plan_recorded")
+        if isinstance(action, ToolCall):
+            await self.call_tool(action)
+        else:
+            await self.carry_out(action)
+
+    async def plan(self) -> tuple[Action, dict[str, Any]]:
+        scratch = copy.deepcopy(self.snap.frame.scratch)
+        agent = self.agent_for(self.snap.frame)
+        action = await self.cancellable(agent.plan(self.view(scratch)))
+        action_to_dict(action)
+        return action, scratch
+
+    async def sleep_until(self, due: float) -> None:
+        """Sleep until *due* or until an event arrives, whichever is first."""
+        try:
+            await asyncio.wait_for(self.wake.wait(), timeout=max(0.0, due - time.time()))
+        except TimeoutError:
+            pass
+
+    # ------------------------------------------------------------------ preemption
+
+    async def cancellable(self, work: Awaitable[T]) -> T:
+        """Run *work* so that a P0 event can cancel it at once (E1)."""
+        self._cancellable = asyncio.ensure_future(work)
+        try:
+            return await self._cancellable
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if self._preempting and (current is None or not current.cancelling()):
+                raise Preempted from None
+            raise
+        finally:
+            self._cancellable = None
+            self._preempting = False
+
+    def notify(self, priority: int) -> None:
+        """Called when an event for this task is stored; P0 cancels interruptible work."""
+        self.wake.set()
+        if priority == 0 and self._cancellable is not None and not self._cancellable.done():
+            self._preempting = True
+            self._cancellable.cancel()
+
+    # ------------------------------------------------------------------ actions
+
+    async def carry_out(self, action: Action) -> None:
+        frame = self.snap.frame
+        frame.agenda.pop(0)
+        frame.steps += 1
+        self.snap.step += 1
+        if isinstance(action, Reply):
+            self.append_history({"role": "assistant", "content": action.text})
+        elif isinstance(action, Spawn):
+            self.agent_for(Frame(agent=action.agent))
+            self.snap.stack.append(Frame(agent=action.agent, input=to_plain(action.input)))
+            self.append_history({"role": "system", "event": "spawn", "agent": action.agent,
+                                 "depth": len(self.snap.stack) - 1})
+        elif isinstance(action, Wait):
+            due = time.time() + action.timeout if action.timeout is not None else None
+            frame.wait = {"event_type": action.event_type, "due_at": due}
+            self.set_status(Status.WAITING)
+        elif isinstance(action, Finish | Fail):
+            self.pop_frame(action)
+        self._unsaved_steps += 1
+        if self._unsaved_steps >= self.settings.checkpoint_every_steps or \
+                self.snap.status is not Status.RUNNING:
+            await self.commit()
+
+    def pop_frame(self, action: Finish | Fail) -> None:
+        done = self.snap.stack.pop()
+        failed = isinstance(action, Fail)
+        outcome = action.reason if isinstance(action, Fail) else to_plain(action.result)
+        self.append_history({"role": "system", "event": "fail" if failed else "finish",
+                             "agent": done.agent, "content": outcome})
+        if self.snap.stack:
+            parent = self.snap.frame
+            parent.child_result = None if failed else outcome
+            parent.child_error = outcome if failed else None
+            return
+        self.snap.stack.append(done)
+        if failed:
+            self.snap.error = str(outcome)
+            self.set_status(Status.FAILED)
+        else:
+            self.snap.result = outcome
+            self.set_status(Status.COMPLETED)
+        recovery.clean_up_resources(self)
+
+    # ------------------------------------------------------------------ tool calls
+
+    async def call_tool(self, action: ToolCall) -> None:
+        """One attempt of a tool call, behind a resume point (R10)."""
+        tool = self.harness.tools.get(action.name)
+        if tool is None:
+            await recovery.hand_to_person(
+                self, f"tool {action.name!r} is no longer registered (code changed since the"
+                " step was planned, E8)", strategy="needs_human")
+            return
+        call = self.snap.call
+        if call is None:
+            call = await self.open_call(action)
+            if call is None:
+                return
+        call.attempt += 1
+        call.status = "started"
+        call.retry_at = None
+        self.record_idempotency(call, "started")
+        if call.attempt == 1:
+            self.append_history({"role": "assistant", "tool_call": {
+                "name": call.tool, "args": call.args, "key": call.key}})
+        await self.commit()
+        failpoint("after_resume_point")
+        try:
+            result = await self.invoke(tool, call)
+        except Preempted:
+            call.status = "planned"
+            call.attempt -= 1
+            self.record_idempotency(call, "failed", error="interrupted by a P0 event")
+            return
+        except Exception as error:  # a tool may fail in any way; all of it is recorded
+            await recovery.tool_failed(self, tool, call, error)
+            return
+        failpoint("after_tool_before_commit")
+        await self.finish_call(call, result)
+
+    async def open_call(self, action: ToolCall) -> CallState | None:
+        """Create the call's state, answering from the idempotency table when it already ran."""
+        frame = self.snap.frame
+        args = to_plain(dict(action.args))
+        digest = args_hash(action.name, args)
+        key = idempotency_key(self.snap.task_id, frame.frame_id, frame.steps, self.snap.key_salt)
+        record = await self.store.get_idempotency(key)
+        if record and (record.tool, record.args_hash) != (action.name, digest):
+            self.log_recovery("idempotency_mismatch", detail=(
+                f"key {key} was used by {record.tool} with other arguments; this is a different"
+                " call, so it gets its own key and is not answered from the record (E3)"))
+            key = f"{key}:{digest[:12]}"
+            record = await self.store.get_idempotency(key)
+        call = CallState(key=key, tool=action.name, args=args, args_hash=digest)
+        self.snap.call = call
+        if record and record.status == "succeeded":
+            self.log_recovery("reuse_result", detail=f"{action.name} already succeeded under {key}")
+            await self.finish_call(call, record.result, from_record=True)
+            return None
+        if record and record.status == "started":
+            call.status = "started"
+            call.attempt = record.attempts
+            await recovery.resolve_in_doubt(self)
+            return None
+        return call
+
+    async def invoke(self, tool: Tool, call: CallState) -> Any:
+        ctx = ToolContext(self.snap.task_id, tool.name, call.key, call.attempt)
+        work = self._with_timeout(tool, ctx, call.args)
+        result = await (self.cancellable(work) if tool.interruptible else work)
+        self.snap.resources.extend(ctx.resources)
+        return to_plain(result)
+
+    @staticmethod
+    async def _with_timeout(tool: Tool, ctx: ToolContext, args: dict[str, Any]) -> Any:
+        try:
+            async with asyncio.timeout(tool.timeout):
+                return await tool.fn(ctx, **args)
+        except TimeoutError:
+            raise ToolTimeout(f"tool {tool.name} timed out after {tool.timeout}s") from None
+
+    async def finish_call(self, call: CallState, result: Any, from_record: bool = False) -> None:
+        frame = self.snap.frame
+        if not from_record:
+            self.record_idempotency(call, "succeeded", result=result)
+        self.append_history({"role": "tool", "name": call.tool, "key": call.key,
+                             "content": result})
+        frame.last_tool_result = result
+        frame.last_tool_error = None
+        frame.agenda.pop(0)
+        frame.steps += 1
+        self.snap.step += 1
+        self.snap.call = None
+        recovery.progress_made(self)
+        await self.commit()
+
+    def record_idempotency(self, call: CallState, status: str, result: Any = None,
+                           error: str | None = None) -> None:
+        self._idempotency.append(IdempotencyRecord(
+            call.key, self.snap.task_id, call.tool, call.args_hash, status, result, error,
+            call.attempt))
+
+    # ------------------------------------------------------------------ state changes
+
+    def set_status(self, status: Status) -> None:
+        check_transition(self.snap.task_id, self.snap.status, status)
+        self.snap.status = status
+
+    def append_history(self, entry: dict[str, Any]) -> None:
+        entry.setdefault("at", time.time())
+        self.snap.history_len += 1
+        epoch = self.snap.history_segments[-1][0]
+        self._rows.append(HistoryRow(epoch, self.snap.history_len, entry))
+        self.history.append(entry)
+
+    def log_recovery(self, strategy: str, event_id: int | None = None, detail: str = "") -> None:
+        record = recovery.log_record(self, strategy, event_id, detail)
+        self._log.append(record)
+
+    def done_event(self, event_id: int, disposition: str) -> None:
+        self._events_done.append((event_id, disposition))
+
+    @property
+    def dirty(self) -> bool:
+        return bool(self._rows or self._events_done or self._idempotency or self._log
+                    or self._unsaved_steps)
+
+    async def flush(self) -> None:
+        if self.dirty or self.snap.status is not Status.RUNNING:
+            await self.commit()
+
+    async def commit(self) -> None:
+        """Write the head and everything buffered since the last commit, atomically."""
+        snap = self.snap
+        reason = snap.error if snap.status in (Status.NEEDS_HUMAN, Status.FAILED) else None
+        checkpoint = Checkpoint(
+            head=snap.dumps(), status=snap.status, history=self._rows,
+            events_done=self._events_done, idempotency=self._idempotency,
+            recovery_log=self._log, wake_at=self._wake_at(), reason=reason)
+        try:
+            self.version = await self.store.commit(
+                self.claim, checkpoint, self.settings.keep_versions,
+                time.time() + self.settings.lease_seconds)
+        except LeaseLost:
+            self.harness.log.warning("task %s: lease lost, stopping", snap.task_id)
+            raise
+        failpoint("after_checkpoint")
+        self._rows, self._events_done, self._idempotency, self._log = [], [], [], []
+        self._unsaved_steps = 0
+        recovery.emit_log_records(checkpoint.recovery_log, self.version)
+
+    def _wake_at(self) -> float | None:
+        wait = self.snap.frame.wait if self.snap.stack else None
+        if self.snap.status is Status.WAITING and wait and wait.get("due_at") is not None:
+            return float(wait["due_at"])
+        return None

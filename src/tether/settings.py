@@ -1,0 +1,52 @@
+"""Harness settings and their defaults (R12)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from tether.errors import ConfigurationError
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Knobs with defaults a production deployment can start from.
+
+    A tool call always gets a resume point before it runs; ``checkpoint_every_steps``
+    sets how often the *other* steps (replies, spawns) are made durable: 1 makes
+    every step durable, a larger number lets a light task batch them (R25).
+    """
+
+    max_recovery_attempts: int = 3
+    """Recoveries of one resume point before the task goes to needs_human."""
+    recovery_timeout: float = 600.0
+    """Seconds one recovery may take in all before the task fails and someone is notified."""
+    checkpoint_every_steps: int = 1
+    inbox_capacity: int = 1000
+    """Pending events per task; beyond it P2-P4 are refused, P0/P1 always taken (R7)."""
+    coalesce_window: float = 1.5
+    keep_versions: int = 10
+    lease_seconds: float = 15.0
+    """A worker that stops renewing for this long is presumed dead; its tasks are recovered."""
+    poll_interval: float = 0.2
+    """How often a worker looks for work and for events sent by other processes."""
+    recovery_backoff: float = 0.5
+    """Base delay before re-running a call that gave up, doubled per recovery attempt."""
+    sqlite_synchronous: str = "FULL"
+    """FULL survives power loss; NORMAL survives a process crash only, and is faster."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_recovery_attempts", "checkpoint_every_steps", "inbox_capacity",
+                     "keep_versions"):
+            if getattr(self, name) < 1:
+                raise ConfigurationError(f"setting {name} must be at least 1")
+        for name in ("recovery_timeout", "lease_seconds", "poll_interval"):
+            if getattr(self, name) <= 0:
+                raise ConfigurationError(f"setting {name} must be positive")
+        if self.coalesce_window < 0 or self.recovery_backoff < 0:
+            raise ConfigurationError("coalesce_window and recovery_backoff cannot be negative")
+        if self.sqlite_synchronous.upper() not in ("FULL", "NORMAL", "EXTRA"):
+            raise ConfigurationError("sqlite_synchronous must be FULL, NORMAL or EXTRA")
+
+    def replace(self, **changes: object) -> Settings:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

@@ -1,0 +1,49 @@
+"""Stores: one protocol (:mod:`tether.store.base`), one module per backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tether.errors import StoreURLError
+from tether.settings import Settings
+from tether.store.base import Checkpoint, Claim, HistoryRow, InboxLimits, Store, StoredEvent
+from tether.store.sqlite import SQLiteStore
+
+DEFAULT_URL = "sqlite:///tether.db"
+
+__all__ = [
+    "DEFAULT_URL",
+    "Checkpoint",
+    "Claim",
+    "HistoryRow",
+    "InboxLimits",
+    "SQLiteStore",
+    "Store",
+    "StoredEvent",
+    "open_store",
+]
+
+
+def open_store(url: str | None, settings: Settings | None = None) -> Store:
+    """Open the store a URL names.
+
+    ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db`` for a file;
+    ``memory://`` for a private in-memory database (tests, trivial tasks).
+    """
+    settings = settings or Settings()
+    url = url or DEFAULT_URL
+    if url in ("memory://", "memory:", "sqlite://:memory:", "sqlite:///:memory:"):
+        return SQLiteStore(":memory:", synchronous="OFF")
+    if url.startswith("sqlite:///"):
+        path = url.removeprefix("sqlite:///")
+        if not path:
+            raise StoreURLError(f"store URL {url!r} names no file; try sqlite:///tether.db")
+        parent = Path(path).parent
+        if not parent.is_dir():
+            raise StoreURLError(f"store URL {url!r}: folder {str(parent)!r} does not exist")
+        return SQLiteStore(path, synchronous=settings.sqlite_synchronous)
+    scheme = url.split(":", 1)[0]
+    raise StoreURLError(
+        f"store URL {url!r} is not supported (scheme {scheme!r}); use sqlite:///path.db or memory://"
+        " (PostgreSQL arrives with the postgresql:// backend)"
+    )

@@ -1,0 +1,141 @@
+"""The store protocol: the one narrow seam every backend plugs into (R13).
+
+A backend stores five kinds of rows: the task index (with leases), snapshot
+heads by version, append-only history, the event inbox (with a unique
+``source_event_id`` per task, so dedup survives restarts) and idempotency
+records. Everything a runner changes in one step goes through a single
+:meth:`Store.commit` call, which a backend must make atomic and fence-checked:
+a worker whose lease was taken over can never land a write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from tether.model import EmitReceipt, Event, IdempotencyRecord, Status, TaskRecord
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A lease on one task. ``fence`` must accompany every write made under it."""
+
+    task_id: str
+    fence: int
+    crashed: bool
+    """True when the previous holder's lease expired instead of being released (a crash)."""
+
+
+@dataclass(frozen=True)
+class HistoryRow:
+    """One dialog entry at position ``seq`` of history branch ``epoch``."""
+
+    epoch: int
+    seq: int
+    entry: dict[str, Any]
+
+
+@dataclass
+class Checkpoint:
+    """Everything one step changes, written in one transaction."""
+
+    head: bytes
+    status: Status
+    history: list[HistoryRow] = field(default_factory=list)
+    events_done: list[tuple[int, str]] = field(default_factory=list)
+    """(event id, what became of it: applied, ignored, coalesced)."""
+    idempotency: list[IdempotencyRecord] = field(default_factory=list)
+    recovery_log: list[dict[str, Any]] = field(default_factory=list)
+    wake_at: float | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class InboxLimits:
+    """How the inbox treats one event: capacity, coalescing class and window."""
+
+    capacity: int
+    refusable: bool
+    coalesce: str | None
+    window: float
+    wakes_needs_human: bool
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    """An event as the store holds it."""
+
+    event: Event
+    priority: int
+    status: str
+    coalesce: str | None
+
+
+class Store(Protocol):
+    """What tether needs from a storage backend. All methods are coroutines."""
+
+    async def create_task(self, record: TaskRecord, head: bytes) -> None:
+        """Insert a task and its version-1 snapshot."""
+
+    async def get_task(self, task_id: str) -> TaskRecord:
+        """The task's index row; :class:`TaskNotFound` if there is none."""
+
+    async def list_tasks(
+        self, status: Status | None = None, limit: int = 1000
+    ) -> list[TaskRecord]:
+        """Tasks, newest first, optionally of one status."""
+
+    async def wake_all(self, status: Status, now: float) -> int:
+        """Mark every task in *status* due for a look now; returns how many."""
+
+    async def count_by_status(self) -> dict[str, int]:
+        """How many tasks are in each status."""
+
+    async def claim(self, worker: str, now: float, lease: float) -> Claim | None:
+        """Lease the next task that has work to do, or None."""
+
+    async def claim_task(self, task_id: str, worker: str, now: float, lease: float) -> Claim | None:
+        """Lease one particular task if no live lease holds it."""
+
+    async def renew(self, claim: Claim, until: float) -> None:
+        """Extend a lease; :class:`LeaseLost` if it is no longer ours."""
+
+    async def release(self, claim: Claim) -> None:
+        """Give a lease back cleanly (not a crash)."""
+
+    async def commit(self, claim: Claim, checkpoint: Checkpoint, keep: int, lease_until: float) -> int:
+        """Write one step atomically under the lease; returns the new version."""
+
+    async def load_head(self, task_id: str, version: int | None = None) -> tuple[int, bytes]:
+        """The snapshot head at *version* (default: the newest)."""
+
+    async def list_versions(self, task_id: str) -> list[tuple[int, float, int]]:
+        """Kept versions as (version, created_at, size in bytes), oldest first."""
+
+    async def read_history(self, task_id: str, segments: Sequence[Sequence[int]]) -> list[dict[str, Any]]:
+        """The dialog along a branch: ``segments`` is [[epoch, last seq or -1], ...]."""
+
+    async def next_epoch(self, task_id: str) -> int:
+        """A history branch number not used yet by this task."""
+
+    async def add_event(self, event: Event, priority: int, limits: InboxLimits, now: float) -> EmitReceipt:
+        """Store an event durably, deduplicating, coalescing and refusing per *limits*."""
+
+    async def pending_events(self, task_id: str) -> list[StoredEvent]:
+        """Events not yet applied, most urgent first."""
+
+    async def list_events(self, task_id: str) -> list[StoredEvent]:
+        """Every event ever stored for the task, oldest first."""
+
+    async def get_idempotency(self, key: str) -> IdempotencyRecord | None:
+        """The record for one idempotency key."""
+
+    async def list_idempotency(self, task_id: str) -> list[IdempotencyRecord]:
+        """All idempotency records of a task."""
+
+    async def list_recovery_log(self, task_id: str) -> list[dict[str, Any]]:
+        """The task's recovery records, oldest first."""
+
+    async def close(self) -> None:
+        """Release connections."""

@@ -1,0 +1,80 @@
+-- tether schema for SQLite. Applied idempotently when a store opens.
+CREATE TABLE IF NOT EXISTS tether_meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+
+-- The task index: one row per task, with its lease (owner, expiry, fencing token).
+CREATE TABLE IF NOT EXISTS tasks (
+    task_id      TEXT PRIMARY KEY,
+    agent        TEXT NOT NULL,
+    status       TEXT NOT NULL,
+    created_at   REAL NOT NULL,
+    updated_at   REAL NOT NULL,
+    head_version INTEGER NOT NULL,
+    reason       TEXT,
+    wake_at      REAL,
+    lease_owner  TEXT,
+    lease_until  REAL,
+    fence        INTEGER NOT NULL DEFAULT 0,
+    max_epoch    INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS tasks_by_status ON tasks (status, wake_at);
+
+-- Snapshot heads, versioned and never overwritten; the newest N are kept.
+CREATE TABLE IF NOT EXISTS snapshots (
+    task_id    TEXT NOT NULL,
+    version    INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    head       BLOB NOT NULL,
+    PRIMARY KEY (task_id, version)
+) WITHOUT ROWID;
+
+-- The dialog, append-only. A rollback starts a new epoch instead of rewriting rows.
+CREATE TABLE IF NOT EXISTS history (
+    task_id    TEXT NOT NULL,
+    epoch      INTEGER NOT NULL,
+    seq        INTEGER NOT NULL,
+    entry      BLOB NOT NULL,
+    PRIMARY KEY (task_id, epoch, seq)
+) WITHOUT ROWID;
+
+-- The event inbox. Processed rows stay: they are the durable dedup memory.
+CREATE TABLE IF NOT EXISTS events (
+    id              INTEGER PRIMARY KEY AUTOINCREMENT,
+    task_id         TEXT NOT NULL,
+    type            TEXT NOT NULL,
+    priority        INTEGER NOT NULL,
+    payload         BLOB,
+    source_event_id TEXT,
+    coalesce_class  TEXT,
+    status          TEXT NOT NULL DEFAULT 'pending',
+    created_at      REAL NOT NULL,
+    done_at         REAL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS events_dedup ON events (task_id, source_event_id)
+    WHERE source_event_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS events_pending ON events (task_id, status, priority, id);
+
+-- What is known of each tool call's outcome, and which call it was.
+CREATE TABLE IF NOT EXISTS idempotency (
+    key        TEXT PRIMARY KEY,
+    task_id    TEXT NOT NULL,
+    tool       TEXT NOT NULL,
+    args_hash  TEXT NOT NULL,
+    status     TEXT NOT NULL,
+    result     BLOB,
+    error      TEXT,
+    attempts   INTEGER NOT NULL DEFAULT 0,
+    updated_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS idempotency_by_task ON idempotency (task_id);
+
+-- One structured record per recovery action (R23).
+CREATE TABLE IF NOT EXISTS recovery_log (
+    id       INTEGER PRIMARY KEY AUTOINCREMENT,
+    task_id  TEXT NOT NULL,
+    at       REAL NOT NULL,
+    record   BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS recovery_by_task ON recovery_log (task_id);

@@ -1,0 +1,172 @@
+"""Tools: registration, retry policy, idempotency keys and failure fingerprints (R10, R15, R22).
+
+A tool declares what a crash in the middle of it means. ``side_effect=True``
+says the outside world may have changed: such a call is never repeated
+blindly; after a crash its ``reconcile`` hook is asked what happened, and
+without one the task goes to a person. ``idempotent=True`` (the default for
+tools without side effects) says running it again with the same key is safe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import random
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from tether.errors import ConfigurationError, NotRetryable
+from tether.model import Resource
+
+ToolFn = Callable[..., Awaitable[Any]]
+ReconcileFn = Callable[..., Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded retries with exponential backoff and jitter.
+
+    ``not_retryable`` errors (and :class:`tether.NotRetryable`) give up at once:
+    retrying a validation error only burns time and money.
+    """
+
+    max_attempts: int = 3
+    backoff: float = 0.2
+    max_backoff: float = 30.0
+    jitter: float = 0.25
+    not_retryable: tuple[type[BaseException], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ConfigurationError("RetryPolicy.max_attempts must be at least 1")
+        if self.backoff < 0 or self.max_backoff < 0 or not 0 <= self.jitter <= 1:
+            raise ConfigurationError("RetryPolicy: backoff >= 0 and 0 <= jitter <= 1")
+
+    def should_retry(self, error: BaseException, attempt: int) -> bool:
+        if isinstance(error, (NotRetryable, *self.not_retryable)):
+            return False
+        return attempt < self.max_attempts
+
+    def delay(self, attempt: int) -> float:
+        """Seconds before attempt ``attempt + 1``; jitter spreads retries of many tasks."""
+        base = min(self.max_backoff, self.backoff * (2 ** max(0, attempt - 1)))
+        return base * (1 - self.jitter * random.random())
+
+
+@dataclass
+class ToolContext:
+    """What a running tool may know and do besides its arguments."""
+
+    task_id: str
+    tool: str
+    idempotency_key: str
+    attempt: int
+    resources: list[Resource] = field(default_factory=list)
+
+    def add_resource(self, kind: str, ref: str, cleanup: str = "on_finish") -> None:
+        """Register something outside the snapshot (a temp file, a handle) to check and clean up."""
+        if cleanup not in ("on_finish", "on_success", "keep"):
+            raise ConfigurationError(
+                f"cleanup must be on_finish, on_success or keep, got {cleanup!r}"
+            )
+        self.resources.append(Resource(kind=kind, ref=ref, cleanup=cleanup))
+
+
+class Tool:
+    """A registered tool. Calling it directly calls the underlying function."""
+
+    def __init__(
+        self,
+        fn: ToolFn,
+        *,
+        name: str,
+        side_effect: bool,
+        idempotent: bool,
+        timeout: float | None,
+        retry: RetryPolicy,
+        interruptible: bool,
+    ) -> None:
+        if not inspect.iscoroutinefunction(fn):
+            raise ConfigurationError(f"tool {name!r} must be an async function")
+        if side_effect and idempotent:
+            raise ConfigurationError(
+                f"tool {name!r}: choose side_effect=True or idempotent=True, not both; a side"
+                " effect the service deduplicates by key is idempotent=True"
+            )
+        if side_effect and interruptible:
+            raise ConfigurationError(
+                f"tool {name!r}: a side-effecting tool cannot be interruptible (E1): a P0 event"
+                " waits for it to return so its outcome is recorded"
+            )
+        if timeout is not None and timeout <= 0:
+            raise ConfigurationError(f"tool {name!r}: timeout must be positive")
+        self.fn = fn
+        self.name = name
+        self.side_effect = side_effect
+        self.idempotent = idempotent or not side_effect
+        self.timeout = timeout
+        self.retry = retry
+        self.interruptible = interruptible
+        self.reconcile_fn: ReconcileFn | None = None
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    def reconcile(self, fn: ReconcileFn) -> ReconcileFn:
+        """Register the hook asked after a crash left this call's outcome unknown.
+
+        It gets the same arguments as the tool and returns the call's result if
+        the effect happened, or ``None`` if it never did (then the call runs).
+        """
+        if not inspect.iscoroutinefunction(fn):
+            raise ConfigurationError(f"reconcile hook of tool {self.name!r} must be async")
+        self.reconcile_fn = fn
+        return fn
+
+    async def __call__(self, ctx: ToolContext, **kwargs: Any) -> Any:
+        return await self.fn(ctx, **kwargs)
+
+    def __repr__(self) -> str:
+        kind = "side_effect" if self.side_effect else "idempotent"
+        return f"<Tool {self.name} {kind}>"
+
+
+def args_hash(tool: str, args: Any) -> str:
+    """A stable hash of a call's tool and arguments: the identity an idempotency record checks (E3)."""
+    data = orjson.dumps([tool, args], option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+    return hashlib.sha256(data).hexdigest()[:32]
+
+
+def idempotency_key(task_id: str, frame_id: str, step: int, salt: str = "") -> str:
+    """The key of the call planned at *step* of a frame: same across retries and recoveries.
+
+    Built from position, never from the attempt number (a retry must reuse the
+    key so the service it calls can deduplicate).
+    """
+    return f"{task_id}:{frame_id}:{step}{salt}"
+
+
+_VOLATILE = re.compile(r"0x[0-9a-f]+|[0-9a-f]{8,}|\d+", re.IGNORECASE)
+
+
+def failure_fingerprint(tool: str, error: BaseException | str) -> str:
+    """Identify a failure so the same one seen again stops the retrying (R22).
+
+    Numbers and hex ids are masked, so "timeout after 30.2s (req 8f3a...)" and
+    "timeout after 30.9s (req 77b1...)" count as one failure.
+    """
+    if isinstance(error, BaseException):
+        text = f"{type(error).__name__}: {error}"
+    else:
+        text = error
+    normalised = _VOLATILE.sub("#", text)[:500]
+    digest = hashlib.sha256(f"{tool}|{normalised}".encode()).hexdigest()[:12]
+    return f"{tool}:{digest}"
+
+
+def describe_error(error: BaseException) -> str:
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
