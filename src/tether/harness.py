@@ -92,7 +92,7 @@ class Harness:
              idempotent: bool = False, timeout: float | None = None,
              retry: RetryPolicy | None = None,
              interruptible: bool = False) -> Callable[[ToolFn], Tool]: ...
-    def tool(self, fn: ToolFn | None = None, /, *, name: str | None = None,
+    def tool(self, fn: ToolFn | None = None, /, *, name: str | None = None,  # type: ignore[misc]
              side_effect: bool = False, idempotent: bool = False, timeout: float | None = None,
              retry: RetryPolicy | None = None,
              interruptible: bool = False) -> Tool | Callable[[ToolFn], Tool]:

@@ -10,6 +10,7 @@ the new head, the dialog rows and the events it consumed, in one transaction.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import time
 from collections.abc import Awaitable
@@ -39,7 +40,7 @@ from tether.model import (
     to_plain,
 )
 from tether.store import Checkpoint, Claim, HistoryRow
-from tether.tools import Tool, ToolContext, args_hash, describe_error, idempotency_key
+from tether.tools import Tool, ToolContext, args_hash, idempotency_key
 
 if TYPE_CHECKING:
     from tether.harness import Harness
@@ -139,7 +140,9 @@ class Runner:
         """Carry out the frame's next recorded action, planning one first if there is none."""
         frame = self.snap.frame
         if self.snap.call is not None:
-            await self.call_tool(action_from_dict(frame.agenda[0]))
+            pending = action_from_dict(frame.agenda[0])
+            assert isinstance(pending, ToolCall)
+            await self.call_tool(pending)
             return
         if not frame.agenda:
             try:
@@ -164,18 +167,17 @@ class Runner:
 
     async def sleep_until(self, due: float) -> None:
         """Sleep until *due* or until an event arrives, whichever is first."""
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.wake.wait(), timeout=max(0.0, due - time.time()))
-        except TimeoutError:
-            pass
 
     # ------------------------------------------------------------------ preemption
 
     async def cancellable(self, work: Awaitable[T]) -> T:
         """Run *work* so that a P0 event can cancel it at once (E1)."""
-        self._cancellable = asyncio.ensure_future(work)
+        future: asyncio.Future[T] = asyncio.ensure_future(work)
+        self._cancellable = future
         try:
-            return await self._cancellable
+            return await future
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if self._preempting and (current is None or not current.cancelling()):

@@ -54,7 +54,7 @@ class RetryPolicy:
     def delay(self, attempt: int) -> float:
         """Seconds before attempt ``attempt + 1``; jitter spreads retries of many tasks."""
         base = min(self.max_backoff, self.backoff * (2 ** max(0, attempt - 1)))
-        return base * (1 - self.jitter * random.random())
+        return float(base * (1 - self.jitter * random.random()))
 
 
 @dataclass
@@ -158,10 +158,7 @@ def failure_fingerprint(tool: str, error: BaseException | str) -> str:
     Numbers and hex ids are masked, so "timeout after 30.2s (req 8f3a...)" and
     "timeout after 30.9s (req 77b1...)" count as one failure.
     """
-    if isinstance(error, BaseException):
-        text = f"{type(error).__name__}: {error}"
-    else:
-        text = error
+    text = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else error
     normalised = _VOLATILE.sub("#", text)[:500]
     digest = hashlib.sha256(f"{tool}|{normalised}".encode()).hexdigest()[:12]
     return f"{tool}:{digest}"

@@ -114,6 +114,7 @@ class Worker:
 async def run_claimed(harness: Harness, claim: Claim, steps: bool = True) -> Status | None:
     """Run (or, with ``steps=False``, only apply the inbox of) one claimed task, then release it."""
     runner: Runner | None = None
+    status: Status | None
     try:
         runner = await Runner.load(harness, claim)
         harness.runners[claim.task_id] = runner

@@ -21,7 +21,15 @@ from typing import Any
 
 import orjson
 
-from tether.errors import InboxFull, LeaseLost, StoreError, TaskClosed, TaskNotFound, VersionNotFound
+from tether.errors import (
+    InboxFull,
+    LeaseLost,
+    StoreError,
+    TaskClosed,
+    TaskNotFound,
+    VersionNotFound,
+)
+from tether.failpoints import failpoint
 from tether.model import EmitReceipt, Event, IdempotencyRecord, Status, TaskRecord
 from tether.store.base import Checkpoint, Claim, InboxLimits, StoredEvent
 
@@ -192,6 +200,7 @@ class SQLiteStore:
                 "INSERT INTO snapshots (task_id, version, created_at, head) VALUES (?, ?, ?, ?)",
                 (task_id, version, now, checkpoint.head),
             )
+            failpoint("mid_checkpoint")
             if checkpoint.history:
                 db.executemany(
                     "INSERT INTO history (task_id, epoch, seq, entry) VALUES (?, ?, ?, ?)",
@@ -298,6 +307,7 @@ class SQLiteStore:
                 (event.task_id, event.type, priority, orjson.dumps(event.payload),
                  event.source_event_id, limits.coalesce, now),
             ).fetchone()[0]
+            failpoint("event_stored")
             coalesced = 0
             if limits.coalesce is not None:
                 coalesced = db.execute(
