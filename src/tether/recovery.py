@@ -203,9 +203,9 @@ async def tool_failed(runner: Runner, tool: Tool, call: CallState, error: Except
     fingerprint = failure_fingerprint(tool.name, error)
     call.fingerprints.append(fingerprint)
     call.error = describe_error(error)
+    call.status = "failed"
     runner.record_idempotency(call, "failed", error=call.error)
     if tool.retry.should_retry(error, call.attempt):
-        call.status = "failed"
         call.retry_at = time.time() + tool.retry.delay(call.attempt)
         await runner.commit()
         return
@@ -293,13 +293,36 @@ async def human_resume(runner: Runner, event: Event) -> None:
         snap.frame.scratch.update(payload["frame_patch"])
     snap.recovery = type(snap.recovery)()
     snap.error = None
-    if snap.call is not None and snap.call.status == "started":
-        snap.call.status = "planned"
+    _settle_call_for_resume(runner, amended=bool(payload.get("message") or payload.get("frame_patch")))
     if snap.frame.wait:
         snap.frame.wait = None
         snap.frame.last_event = {"type": "resume", "payload": payload}
     runner.set_status(Status.RUNNING)
     runner.log_recovery("human_resume", event.id, str(payload.get("message") or "resumed"))
+
+
+def _settle_call_for_resume(runner: Runner, amended: bool) -> None:
+    """Decide what a person's resume means for the call that stopped the task.
+
+    An amended resume (message or frame patch) drops a failed call so the agent
+    plans again with what the person changed; a plain resume retries it as
+    planned. A call whose outcome is unknown runs again only because a person
+    said so, and that is logged.
+    """
+    snap = runner.snap
+    call = snap.call
+    if call is None:
+        return
+    if call.status == "started":
+        call.status = "planned"
+        runner.log_recovery("human_rerun", detail=f"a person resumed; {call.tool} key={call.key}"
+                            " runs again on their say-so")
+    elif amended:
+        snap.frame.agenda.pop(0)
+        snap.call = None
+    else:
+        call.retry_at = None
+        call.attempt = 0
 
 
 async def rollback(runner: Runner, event: Event) -> None:

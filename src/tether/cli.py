@@ -1,0 +1,349 @@
+"""The ``tether`` command line.
+
+Commands that run or steer tasks load the application's harness from an
+import path (``--app myapp.agents:harness``, as uvicorn and celery do); the
+built-in examples are the default. ``--store`` (or ``TETHER_STORE``) picks
+the store. Every listing takes ``--json``. Errors are one line and exit 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Coroutine
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+import tether as tt
+from tether.bundle import dumps_bundle
+from tether.store import DEFAULT_URL
+
+T = TypeVar("T")
+console = Console()
+DEFAULT_APP = "tether.examples:demo_app"
+
+
+def load_app(spec: str, store: str) -> tt.Harness:
+    """Import ``module:attribute``: a Harness, or a factory called with the store URL."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise click.UsageError(f"--app {spec!r} must look like 'package.module:harness'")
+    sys.path.insert(0, os.getcwd())
+    try:
+        target = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise click.UsageError(f"cannot load app {spec!r}: {exc}") from exc
+    if isinstance(target, tt.Harness):
+        if target._store is None:
+            target._store_arg = store
+        return target
+    if callable(target):
+        harness = target(store)
+        if isinstance(harness, tt.Harness):
+            return harness
+    raise click.UsageError(f"app {spec!r} is neither a tether.Harness nor a factory returning one")
+
+
+def run(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
+    """Run an async command and turn tether's errors into one clear line and exit 1."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> T:
+        try:
+            return asyncio.run(fn(*args, **kwargs))
+        except tt.TetherError as exc:
+            console.print(f"[red]error:[/] {exc}", highlight=False)
+            raise SystemExit(1) from None
+
+    return wrapper
+
+
+def _json_arg(text: str | None, what: str) -> Any:
+    if text is None:
+        return None
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise click.BadParameter(f"{what} is not valid JSON: {exc}") from None
+
+
+def _print_json(data: Any) -> None:
+    click.echo(orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS
+                            | orjson.OPT_PASSTHROUGH_DATACLASS, default=_plain).decode())
+
+
+def _plain(value: Any) -> Any:
+    from dataclasses import asdict, is_dataclass
+
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    raise TypeError
+
+
+def _when(ts: float | None) -> str:
+    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
+
+
+@click.group()
+@click.option("--store", envvar="TETHER_STORE", default=DEFAULT_URL, show_default=True,
+              help="Store URL: sqlite:///path.db or memory://")
+@click.option("--app", envvar="TETHER_APP", default=DEFAULT_APP, show_default=True,
+              help="Import path of the harness (module:attribute).")
+@click.pass_context
+def main(ctx: click.Context, store: str, app: str) -> None:
+    """tether: agents that survive being interrupted."""
+    ctx.obj = {"store": store, "app": app}
+
+
+def _harness(ctx: click.Context) -> tt.Harness:
+    return load_app(ctx.obj["app"], ctx.obj["store"])
+
+
+@main.command()
+@click.option("--keep", is_flag=True, help="Keep the demo's folder instead of deleting it.")
+def demo(keep: bool) -> None:
+    """Show all three kinds of interruption on a throwaway SQLite store."""
+    from tether.demo import print_summary, run_demo
+
+    workdir = Path(tempfile.mkdtemp(prefix="tether-demo-"))
+    started = time.time()
+    try:
+        outcome = asyncio.run(run_demo(workdir, console))
+        print_summary(console, outcome)
+        console.print(f"finished in {time.time() - started:.1f}s")
+    finally:
+        if keep:
+            console.print(f"demo files kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    if not outcome.ok:
+        raise SystemExit(1)
+
+
+@main.command()
+@click.option("--concurrency", default=4, show_default=True, help="Tasks run at once.")
+@click.option("--until-idle", is_flag=True, help="Exit when no task has work left.")
+@click.pass_context
+@run
+async def worker(ctx: click.Context, concurrency: int, until_idle: bool) -> None:
+    """Claim, run and recover tasks (any number of workers may share a store)."""
+    harness = _harness(ctx)
+    try:
+        if until_idle:
+            await harness.run_until_idle(concurrency=concurrency)
+        else:
+            await harness.serve(concurrency=concurrency)
+    finally:
+        await harness.close()
+
+
+@main.command()
+@click.argument("agent")
+@click.option("--input", "input_json", help="The task's input as JSON.")
+@click.option("--id", "task_id", help="Choose the task id (default: generated).")
+@click.pass_context
+@run
+async def submit(ctx: click.Context, agent: str, input_json: str | None, task_id: str | None) -> None:
+    """Create a task for AGENT."""
+    harness = _harness(ctx)
+    task_id = await harness.submit(agent, _json_arg(input_json, "--input"), task_id=task_id)
+    click.echo(task_id)
+    await harness.close()
+
+
+@main.command(name="ls")
+@click.option("--status", type=click.Choice([s.value for s in tt.Status]), help="Only this status.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@run
+async def list_tasks(ctx: click.Context, status: str | None, as_json: bool) -> None:
+    """List tasks, newest first."""
+    harness = _harness(ctx)
+    records = await harness.store.list_tasks(tt.Status(status) if status else None)
+    await harness.close()
+    if as_json:
+        _print_json([{**_plain(r), "status": r.status.value} for r in records])
+        return
+    table = Table("id", "agent", "status", "version", "updated", "reason")
+    for r in records:
+        table.add_row(r.task_id, r.agent, r.status.value, str(r.head_version), _when(r.updated_at),
+                      r.reason or "")
+    console.print(table)
+
+
+@main.command()
+@click.argument("task_id")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@run
+async def show(ctx: click.Context, task_id: str, as_json: bool) -> None:
+    """Where a task is: status, step, stack, current call, recovery state (R2)."""
+    harness = _harness(ctx)
+    info = await harness.get(task_id)
+    await harness.close()
+    snap = info.snapshot
+    if as_json:
+        _print_json({"version": info.version, "reason": info.record.reason,
+                     "snapshot": orjson.loads(snap.dumps())})
+        return
+    console.print(f"[bold]{task_id}[/] {snap.agent}  status [bold]{snap.status.value}[/]"
+                  f"  step {snap.step}  version {info.version}")
+    if info.record.reason:
+        console.print(f"reason: {info.record.reason}")
+    for depth, frame in enumerate(snap.stack):
+        todo = f" to-do: {[a['kind'] for a in frame.agenda]}" if frame.agenda else ""
+        console.print(f"{'  ' * depth}└─ {frame.agent} (steps {frame.steps}){todo}")
+    if snap.call:
+        console.print(f"current call: {snap.call.tool}({snap.call.args}) key={snap.call.key}"
+                      f" status={snap.call.status} attempt={snap.call.attempt}")
+    if snap.result is not None:
+        console.print(f"result: {snap.result}")
+
+
+@main.command()
+@click.argument("task_id")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@run
+async def history(ctx: click.Context, task_id: str, as_json: bool) -> None:
+    """The task's full dialog."""
+    harness = _harness(ctx)
+    rows = await harness.history(task_id)
+    await harness.close()
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table("#", "role", "content")
+    for n, row in enumerate(rows, 1):
+        body = row.get("content", row.get("tool_call", row.get("error", "")))
+        table.add_row(str(n), str(row.get("role")), str(body)[:120])
+    console.print(table)
+
+
+@main.command()
+@click.argument("task_id")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@run
+async def versions(ctx: click.Context, task_id: str, as_json: bool) -> None:
+    """Kept snapshot versions (R14)."""
+    harness = _harness(ctx)
+    kept = await harness.store.list_versions(task_id)
+    await harness.close()
+    if as_json:
+        _print_json([{"version": v, "created_at": at, "bytes": size} for v, at, size in kept])
+        return
+    table = Table("version", "created", "bytes")
+    for v, at, size in kept:
+        table.add_row(str(v), _when(at), str(size))
+    console.print(table)
+
+
+@main.command()
+@click.argument("task_id")
+@click.argument("event_type")
+@click.option("--payload", help="Event payload as JSON.")
+@click.option("--priority", type=click.IntRange(0, 4), help="Override the protocol's priority.")
+@click.option("--source-event-id", help="Sender's id; a repeat is dropped (R6).")
+@click.pass_context
+@run
+async def emit(ctx: click.Context, task_id: str, event_type: str, payload: str | None,
+               priority: int | None, source_event_id: str | None) -> None:
+    """Send an event to a task; returns once it is stored."""
+    harness = _harness(ctx)
+    receipt = await harness.emit(tt.Event(event_type, task_id, _json_arg(payload, "--payload"),
+                                          priority=priority, source_event_id=source_event_id))
+    await harness.close()
+    click.echo(f"event {receipt.event_id}: {receipt.outcome}"
+               + (f" ({receipt.coalesced} older coalesced)" if receipt.coalesced else ""))
+
+
+@main.command()
+@click.argument("task_id")
+@click.option("--message", help="A note for the agent, added to the dialog.")
+@click.option("--patch", help="JSON object merged into the current frame's scratch data.")
+@click.pass_context
+@run
+async def resume(ctx: click.Context, task_id: str, message: str | None, patch: str | None) -> None:
+    """Resume a paused, parked or failed task."""
+    harness = _harness(ctx)
+    frame_patch = _json_arg(patch, "--patch")
+    if frame_patch is not None and not isinstance(frame_patch, dict):
+        raise click.BadParameter("--patch must be a JSON object")
+    await harness.resume(task_id, message=message, frame_patch=frame_patch)
+    info = await harness.get(task_id)
+    await harness.close()
+    click.echo(f"{task_id}: {info.record.status.value}")
+
+
+@main.command()
+@click.argument("task_id")
+@click.option("--to", "version", type=int, required=True, help="A kept version (see `versions`).")
+@click.option("--redo-side-effects", is_flag=True, help="Run calls after the version again (E4).")
+@click.pass_context
+@run
+async def rollback(ctx: click.Context, task_id: str, version: int, redo_side_effects: bool) -> None:
+    """Roll a task back to a kept version."""
+    harness = _harness(ctx)
+    await harness.rollback(task_id, version, redo_side_effects=redo_side_effects)
+    info = await harness.get(task_id)
+    await harness.close()
+    click.echo(f"{task_id}: rolled back to {version}; now {info.record.status.value}"
+               f" at version {info.version}")
+
+
+@main.command()
+@click.argument("task_id")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True)
+@click.pass_context
+@run
+async def export(ctx: click.Context, task_id: str, output: str) -> None:
+    """Write the task's handoff bundle (R26) to a JSON file."""
+    harness = _harness(ctx)
+    bundle = await harness.export(task_id)
+    await harness.close()
+    Path(output).write_bytes(dumps_bundle(bundle))
+    click.echo(f"wrote {output} ({len(bundle['history'])} dialog rows,"
+               f" {len(bundle['events'])} events)")
+
+
+@main.command()
+@click.argument("task_id")
+@click.pass_context
+@run
+async def cancel(ctx: click.Context, task_id: str) -> None:
+    """Cancel a task (a side-effecting call in flight is let finish first)."""
+    harness = _harness(ctx)
+    await harness.cancel(task_id)
+    info = await harness.get(task_id)
+    await harness.close()
+    click.echo(f"{task_id}: {info.record.status.value}")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def protocol(ctx: click.Context, as_json: bool) -> None:
+    """Print the interruption protocol table (R24)."""
+    harness = _harness(ctx)
+    table = harness.protocol.table()
+    if as_json:
+        _print_json({k: {"priority": int(r.priority), "coalesce": r.coalesce}
+                     for k, r in table.items()})
+        return
+    out = Table("event type", "priority", "coalescing class")
+    for name, rule in sorted(table.items(), key=lambda kv: (kv[1].priority, kv[0])):
+        out.add_row(name, f"P{int(rule.priority)}", rule.coalesce or "-")
+    console.print(out)

@@ -1,0 +1,275 @@
+"""R1, R2, R17 (with R4/E1, R15): interruptions have tested paths; the harness can say where a task is."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+from _support import run_alongside, strategies, wait_until
+
+import tether as tt
+
+
+def batch_harness(h: tt.Harness, calls: list[int], gate_at: int | None = None,
+                  gate: asyncio.Event | None = None, handle_interrupt: bool = True) -> None:
+    """The source's case: a batch agent parsing contracts, and a subtask that re-parses one."""
+
+    @h.tool
+    async def parse(ctx: tt.ToolContext, n: int) -> dict:
+        calls.append(n)
+        if gate is not None and n == gate_at:
+            await gate.wait()
+        await asyncio.sleep(0)
+        return {"n": n, "ok": True}
+
+    @h.agent("batch")
+    class Batch(tt.Agent):
+        async def plan(self, task):
+            if task.last_tool_result is not None:
+                done = task.scratch.setdefault("done", [])
+                if task.last_tool_result["n"] not in done:
+                    done.append(task.last_tool_result["n"])
+            todo = task.scratch.setdefault("todo", list(range(1, task.input["count"] + 1)))
+            if task.child_result is not None:
+                task.scratch["reparsed"] = task.child_result
+            if not todo:
+                return tt.Finish({"parsed": task.scratch["done"],
+                                  "reparsed": task.scratch.get("reparsed")})
+            return tt.ToolCall("parse", {"n": todo.pop(0)})
+
+        async def on_event(self, task, event):
+            if handle_interrupt and event.type == "user_interrupt":
+                return tt.Spawn("reparse", {"n": event.payload["n"]})
+            return None
+
+    @h.agent("reparse")
+    class Reparse(tt.Agent):
+        async def plan(self, task):
+            if task.last_tool_result is None:
+                return tt.ToolCall("parse", {"n": task.input["n"]})
+            return tt.Finish(task.last_tool_result)
+
+
+async def test_r01_r17_preemption_spawns_reparse_and_batch_finishes_without_redoing(harness):
+    """R1 (external preemption), R4, R15, R17: a P0 "stop, re-parse #5" during a batch of 20.
+
+    The agent's on_event answers the user_interrupt with a Spawn; contract #5 is
+    parsed twice in all (once in the batch, once by the subtask), every other
+    contract exactly once, and the batch result is complete.
+    """
+    calls: list[int] = []
+    gate = asyncio.Event()
+    batch_harness(harness, calls, gate_at=7, gate=gate)
+    tid = await harness.submit("batch", {"count": 20})
+
+    async def interrupt() -> None:
+        await wait_until(lambda: 7 in calls, what="contract 7 in flight")
+        receipt = await harness.emit(tt.Event("user_interrupt", tid, {"n": 5}))
+        assert receipt.accepted
+        gate.set()
+
+    await run_alongside(harness, interrupt())
+
+    info = await harness.get(tid)
+    assert info.record.status is tt.Status.COMPLETED
+    counts = Counter(calls)
+    assert counts[5] == 2, calls
+    assert all(counts[n] == 1 for n in range(1, 21) if n != 5), calls
+    assert sorted(info.snapshot.result["parsed"]) == list(range(1, 21))
+    assert info.snapshot.result["reparsed"] == {"n": 5, "ok": True}
+    # the subtask ran after contract 7 (the call in flight) finished: E1, nothing cut off
+    assert calls.index(7) < len(calls) - 1 - calls[::-1].index(5)
+    history = await harness.history(tid)
+    spawns = [r for r in history if r.get("event") == "spawn"]
+    assert len(spawns) == 1 and spawns[0]["agent"] == "reparse"
+    assert any(r.get("type") == "user_interrupt" and r["role"] == "user" for r in history)
+
+
+async def test_r01_r15_unhandled_p0_pauses_and_resume_keeps_todo_list(harness):
+    """R1, R4, R15: a P0 with no handler pauses the task; `harness.resume` continues it.
+
+    The to-do list (the frame's scratch) survives the pause: on resume the
+    remaining contracts are parsed, none twice.
+    """
+    calls: list[int] = []
+    gate = asyncio.Event()
+    batch_harness(harness, calls, gate_at=4, gate=gate, handle_interrupt=False)
+    tid = await harness.submit("batch", {"count": 10})
+
+    async def interrupt() -> None:
+        await wait_until(lambda: 4 in calls, what="contract 4 in flight")
+        await harness.emit(tt.Event("user_interrupt", tid, {"why": "hold on"}))
+        gate.set()
+
+    await run_alongside(harness, interrupt())
+
+    paused = await harness.get(tid)
+    assert paused.record.status is tt.Status.PAUSED
+    todo = paused.snapshot.frame.scratch["todo"]
+    assert todo and todo == list(range(5, 11)), todo
+    assert sorted(calls) == [1, 2, 3, 4]
+    assert "pause" in await strategies(harness, tid)
+
+    await harness.resume(tid, message="go on")
+    await harness.run_until_idle(timeout=10)
+
+    done = await harness.get(tid)
+    assert done.record.status is tt.Status.COMPLETED
+    assert sorted(calls) == list(range(1, 11))
+    assert sorted(done.snapshot.result["parsed"]) == list(range(1, 11))
+
+
+async def test_r04_e1_p0_cancels_interruptible_tool_at_once(harness):
+    """R4, E1: P0 cancels an in-flight tool declared interruptible, without waiting for it."""
+    cancelled = asyncio.Event()
+    started = asyncio.Event()
+
+    @harness.tool(interruptible=True)
+    async def crawl(ctx: tt.ToolContext) -> str:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return "never"
+
+    @harness.agent("crawler")
+    class Crawler(tt.Agent):
+        async def plan(self, task):
+            return tt.ToolCall("crawl", {})
+
+    tid = await harness.submit("crawler")
+
+    async def interrupt() -> None:
+        await started.wait()
+        await harness.emit(tt.Event("user_interrupt", tid, {}))
+
+    await run_alongside(harness, interrupt(), timeout=5)
+    assert cancelled.is_set()
+    info = await harness.get(tid)
+    assert info.record.status is tt.Status.PAUSED
+    records = await harness.store.list_idempotency(tid)
+    assert [r.status for r in records] == ["failed"]
+    assert "interrupted" in (records[0].error or "")
+
+
+async def test_e1_p0_lets_side_effecting_tool_finish_and_records_it_first(harness):
+    """E1: a side-effecting tool in flight is never cancelled by P0; its result is recorded first."""
+    gate = asyncio.Event()
+    started = asyncio.Event()
+    sent: list[str] = []
+
+    @harness.tool(side_effect=True)
+    async def send_email(ctx: tt.ToolContext, to: str) -> dict:
+        started.set()
+        await gate.wait()
+        sent.append(to)
+        return {"sent": to}
+
+    @harness.agent("mailer")
+    class Mailer(tt.Agent):
+        async def plan(self, task):
+            if task.last_tool_result is None:
+                return tt.ToolCall("send_email", {"to": "a@example.com"})
+            return tt.Finish(task.last_tool_result)
+
+    tid = await harness.submit("mailer")
+
+    async def interrupt() -> None:
+        await started.wait()
+        await harness.emit(tt.Event("user_interrupt", tid, {}))
+        gate.set()
+
+    await run_alongside(harness, interrupt(), timeout=5)
+    info = await harness.get(tid)
+    assert sent == ["a@example.com"]
+    assert info.record.status is tt.Status.PAUSED
+    assert info.snapshot.frame.last_tool_result == {"sent": "a@example.com"}
+    records = await harness.store.list_idempotency(tid)
+    assert [r.status for r in records] == ["succeeded"]
+    history = await harness.history(tid)
+    kinds = [(r["role"], r.get("type")) for r in history]
+    assert kinds.index(("tool", None)) < kinds.index(("user", "user_interrupt"))
+
+
+async def test_r01_system_fault_tool_failure_is_retried_then_succeeds(harness):
+    """R1 (system fault path), R15: a tool that times out, then errors, then works is retried."""
+    attempts: list[int] = []
+
+    @harness.tool(timeout=0.05, retry=tt.RetryPolicy(max_attempts=3, backoff=0.001))
+    async def fetch(ctx: tt.ToolContext, url: str) -> str:
+        attempts.append(ctx.attempt)
+        if ctx.attempt == 1:
+            await asyncio.sleep(1)  # exceeds the tool timeout
+        if ctx.attempt == 2:
+            raise ConnectionError("dependency down")
+        return f"body of {url}"
+
+    @harness.agent("fetcher")
+    class Fetcher(tt.Agent):
+        async def plan(self, task):
+            if task.last_tool_result is None:
+                return tt.ToolCall("fetch", {"url": "u"})
+            return tt.Finish(task.last_tool_result)
+
+    tid = await harness.submit("fetcher")
+    await harness.run_until_idle(timeout=5)
+    info = await harness.get(tid)
+    assert info.record.status is tt.Status.COMPLETED
+    assert info.snapshot.result == "body of u"
+    assert attempts == [1, 2, 3]
+    (record,) = await harness.store.list_idempotency(tid)
+    assert record.status == "succeeded" and record.attempts == 3
+
+
+async def test_r02_get_answers_step_current_call_and_status(harness):
+    """R2: for a task at any moment, `harness.get` says which step, the call in flight, the status,
+    whether its intermediate products exist and whether recovery would re-run or resume."""
+    gate = asyncio.Event()
+    in_flight = asyncio.Event()
+
+    @harness.tool
+    async def step_tool(ctx: tt.ToolContext, n: int) -> int:
+        if n == 3:
+            in_flight.set()
+            await gate.wait()
+        return n
+
+    @harness.agent("stepper")
+    class Stepper(tt.Agent):
+        async def plan(self, task):
+            n = task.scratch.get("n", 0)
+            if n == 5:
+                return tt.Finish(n)
+            task.scratch["n"] = n + 1
+            return tt.ToolCall("step_tool", {"n": n + 1})
+
+    tid = await harness.submit("stepper")
+    before = await harness.get(tid)
+    assert before.record.status is tt.Status.PENDING and before.snapshot.step == 0
+
+    seen: dict = {}
+
+    async def look() -> None:
+        await in_flight.wait()
+        info = await harness.get(tid)
+        seen["status"] = info.record.status
+        seen["step"] = info.snapshot.step
+        seen["call"] = info.snapshot.call
+        seen["resources"] = info.snapshot.resources
+        seen["record"] = await harness.store.get_idempotency(info.snapshot.call.key)
+        gate.set()
+
+    await run_alongside(harness, look(), timeout=5)
+    assert seen["status"] is tt.Status.RUNNING
+    assert seen["step"] == 2  # two calls done, the third in flight
+    call = seen["call"]
+    assert call.tool == "step_tool" and call.args == {"n": 3}
+    assert call.status == "started"  # in doubt after a crash: resume point is before this call
+    assert seen["record"].status == "started"
+    assert seen["resources"] == []
+    assert harness.tools[call.tool].idempotent  # so a recovery would re-run it with the same key
+    after = await harness.get(tid)
+    assert after.record.status is tt.Status.COMPLETED
+    assert after.snapshot.step == 6 and after.snapshot.call is None

@@ -1,0 +1,348 @@
+"""The application the chaos tests run in real child processes (and kill with SIGKILL).
+
+It is a tether harness on a SQLite file plus a fake *payment provider*: a
+ledger in a separate SQLite file that the harness does not own and cannot
+roll back. Whatever a tool wrote there before a crash stays written, exactly
+like a refund a real provider already paid out.
+
+Tools (all call ``failpoint("inside_tool")`` right after the ledger write,
+when the outside world has changed but the result has not been returned):
+
+- ``refund_keyed``      side_effect=True; the provider honours the idempotency
+                        key (UNIQUE column); ``reconcile`` looks the key up.
+- ``refund_reconciled`` side_effect=True; the provider ignores keys (every call
+                        pays), but stores the key as a memo, which
+                        ``reconcile`` searches.
+- ``refund_blind``      side_effect=True, no reconcile: after a crash in
+                        flight nobody can say whether it paid.
+- ``lookup``            idempotent; counts its calls in the ledger.
+
+Environment (read by :func:`main`):
+
+- ``TETHER_CHAOS_DB`` / ``TETHER_CHAOS_LEDGER``  the two SQLite files.
+- ``TETHER_CHAOS_CONCURRENCY``   worker concurrency (default 4).
+- ``TETHER_CHAOS_UNSAFE=1``      NEGATIVE CONTROL ONLY: ``refund_keyed`` ignores
+                                 its key (no provider dedup) and is declared
+                                 ``idempotent=True`` with no reconcile, so the
+                                 harness re-runs it after a crash.
+- ``TETHER_CHAOS_SLOW_TOOL`` / ``TETHER_CHAOS_SLOW``  that tool prints
+                                 ``IN_TOOL <order>`` after its ledger write and
+                                 then blocks for that many seconds.
+- ``TETHER_CHAOS_TOOL_DELAY``    seconds every tool sleeps before its write.
+- ``TETHER_CHAOS_GATE``          a path: after READY, wait until it exists.
+- ``TETHER_CHAOS_DEADLINE``      drain mode gives up (exit 3) after this long.
+- ``TETHER_CHAOS_EVENT``         JSON event for ``emit`` mode.
+
+Modes: ``serve`` (worker forever), ``drain`` (worker until every task is
+settled: completed, failed, cancelled or needs_human; then exit 0) and
+``emit`` (emit one event, print ``EMITTED <id> <outcome>``, then block).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+import sys
+import time
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import tether as tt
+from tether.failpoints import failpoint
+
+SETTINGS = tt.Settings(lease_seconds=1.0, poll_interval=0.05, recovery_backoff=0.01)
+SETTLED = frozenset({"completed", "failed", "cancelled", "needs_human"})
+
+_LEDGER_SCHEMA = """
+CREATE TABLE IF NOT EXISTS refunds (
+    id INTEGER PRIMARY KEY,
+    order_id TEXT NOT NULL,
+    amount INTEGER NOT NULL,
+    tool TEXT NOT NULL,
+    idem_key TEXT UNIQUE,          -- honoured by the provider (refund_keyed only)
+    memo TEXT,                     -- stored, never deduplicated
+    pid INTEGER NOT NULL,
+    at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS lookups (
+    id INTEGER PRIMARY KEY,
+    order_id TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS approvals (
+    task_id TEXT PRIMARY KEY,
+    approver TEXT NOT NULL
+);
+"""
+
+
+# ---------------------------------------------------------------------- the provider's ledger
+
+
+def _ledger(path: str | Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(str(path), isolation_level=None, timeout=30)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = FULL")
+    return conn
+
+
+def init_ledger(path: str | Path) -> None:
+    conn = _ledger(path)
+    try:
+        conn.executescript(_LEDGER_SCHEMA)
+    finally:
+        conn.close()
+
+
+def ledger_query(path: str | Path, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    conn = _ledger(path)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+def refund_counts(path: str | Path) -> Counter[str]:
+    """How many times the provider paid out each order."""
+    return Counter(row[0] for row in ledger_query(path, "SELECT order_id FROM refunds"))
+
+
+def lookup_counts(path: str | Path) -> Counter[str]:
+    return Counter(row[0] for row in ledger_query(path, "SELECT order_id FROM lookups"))
+
+
+def ledger_pids(path: str | Path) -> set[int]:
+    rows = ledger_query(path, "SELECT pid FROM refunds UNION SELECT pid FROM lookups")
+    return {int(row[0]) for row in rows}
+
+
+def record_approval(path: str | Path, task_id: str, approver: str) -> None:
+    """The external approval system says yes, without sending tether any event."""
+    ledger_query(path, "INSERT INTO approvals (task_id, approver) VALUES (?, ?)", (task_id, approver))
+
+
+# ---------------------------------------------------------------------- agents
+
+
+def refund_result(order: str, amount: int) -> dict[str, Any]:
+    return {"order": order, "amount": amount, "refunded": True}
+
+
+def lookup_result(order: str) -> dict[str, Any]:
+    return {"order": order, "balance": 1000 - 7 * len(order)}
+
+
+def call_args(tool: str, order: str, amount: int) -> dict[str, Any]:
+    return {"order": order} if tool == "lookup" else {"order": order, "amount": amount}
+
+
+def summarise(tool_results: list[Any]) -> dict[str, Any]:
+    refunds = [r for r in tool_results if isinstance(r, dict) and r.get("refunded")]
+    lookups = [r for r in tool_results if isinstance(r, dict) and "balance" in r]
+    return {"refunds": refunds, "lookups": lookups,
+            "total_refunded": sum(int(r["amount"]) for r in refunds)}
+
+
+def expected_summary(calls: list[list[Any]]) -> dict[str, Any]:
+    """What the refunder agent returns for *calls* if nothing goes wrong."""
+    results = [lookup_result(order) if tool == "lookup" else refund_result(order, amount)
+               for tool, order, amount in calls]
+    return summarise(results)
+
+
+class Refunder(tt.Agent):
+    """Makes the calls listed in its input one after another, then finishes with a summary."""
+
+    async def plan(self, task: tt.TaskView) -> tt.Action:
+        calls = task.input["calls"]
+        i = int(task.scratch.get("i", 0))
+        if i < len(calls):
+            task.scratch["i"] = i + 1
+            tool, order, amount = calls[i]
+            return tt.ToolCall(tool, call_args(tool, order, amount))
+        results = [row["content"] for row in task.history if row.get("role") == "tool"]
+        return tt.Finish(summarise(results))
+
+
+class Approver(tt.Agent):
+    """Waits for an approval, then refunds once and finishes."""
+
+    def __init__(self, ledger: str) -> None:
+        self.ledger = ledger
+
+    async def plan(self, task: tt.TaskView) -> tt.Action:
+        stage = task.scratch.get("stage")
+        if stage is None:
+            task.scratch["stage"] = "waiting"
+            return tt.Wait("approval")
+        if stage == "waiting":
+            event = task.last_event or {}
+            task.scratch["stage"] = "refunding"
+            task.scratch["approval"] = event.get("payload")
+            task.scratch["approval_source"] = event.get("source", "event")
+            return tt.ToolCall("refund_keyed", {"order": task.input["order"],
+                                                "amount": task.input["amount"]})
+        return tt.Finish({"approval": task.scratch.get("approval"),
+                          "approval_source": task.scratch.get("approval_source"),
+                          "refund": task.last_tool_result})
+
+    async def check_wait(self, task: tt.TaskView, wait: Mapping[str, Any]) -> Any | None:
+        rows = ledger_query(self.ledger, "SELECT approver FROM approvals WHERE task_id = ?",
+                            (task.task_id,))
+        return {"approver": rows[0][0]} if rows else None
+
+
+# ---------------------------------------------------------------------- the harness
+
+
+def build_harness(db: str | Path, ledger: str | Path, unsafe: bool = False) -> tt.Harness:
+    ledger = str(ledger)
+    init_ledger(ledger)
+    harness = tt.Harness(f"sqlite:///{db}", settings=SETTINGS)
+    slow_tool = os.environ.get("TETHER_CHAOS_SLOW_TOOL")
+    slow = float(os.environ.get("TETHER_CHAOS_SLOW", "0"))
+    delay = float(os.environ.get("TETHER_CHAOS_TOOL_DELAY", "0"))
+
+    async def before_write() -> None:
+        if delay:
+            await asyncio.sleep(delay)
+
+    async def after_write(tool: str, order: str) -> None:
+        failpoint("inside_tool")  # the outside world changed; the result is not returned yet
+        if tool == slow_tool and slow:
+            print(f"IN_TOOL {order}", flush=True)
+            await asyncio.sleep(slow)
+
+    def pay(tool: str, order: str, amount: int, key: str | None, memo: str | None) -> None:
+        ledger_query(
+            ledger,
+            "INSERT INTO refunds (order_id, amount, tool, idem_key, memo, pid, at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (idem_key) DO NOTHING",
+            (order, amount, tool, key, memo, os.getpid(), time.time()),
+        )
+
+    def find(column: str, key: str) -> dict[str, Any] | None:
+        rows = ledger_query(ledger, f"SELECT order_id, amount FROM refunds WHERE {column} = ?",
+                            (key,))
+        return refund_result(rows[0][0], rows[0][1]) if rows else None
+
+    # refund_keyed: the provider deduplicates by key; after a crash, reconcile asks it.
+    async def refund_keyed(ctx: tt.ToolContext, order: str, amount: int) -> dict[str, Any]:
+        await before_write()
+        key = None if unsafe else ctx.idempotency_key  # unsafe: the key is ignored
+        pay("refund_keyed", order, amount, key, None)
+        await after_write("refund_keyed", order)
+        return refund_result(order, amount)
+
+    if unsafe:
+        # NEGATIVE CONTROL: no provider dedup and no harness protection (re-run after a crash).
+        harness.tool(refund_keyed, idempotent=True)
+    else:
+        keyed = harness.tool(refund_keyed, side_effect=True)
+
+        @keyed.reconcile
+        async def _reconcile_keyed(ctx: tt.ToolContext, order: str, amount: int) -> Any:
+            return find("idem_key", ctx.idempotency_key)
+
+    # refund_reconciled: every call pays; the key is only a memo that reconcile searches.
+    @harness.tool(side_effect=True)
+    async def refund_reconciled(ctx: tt.ToolContext, order: str, amount: int) -> dict[str, Any]:
+        await before_write()
+        pay("refund_reconciled", order, amount, None, ctx.idempotency_key)
+        await after_write("refund_reconciled", order)
+        return refund_result(order, amount)
+
+    @refund_reconciled.reconcile
+    async def _reconcile_memo(ctx: tt.ToolContext, order: str, amount: int) -> Any:
+        return find("memo", ctx.idempotency_key)
+
+    # refund_blind: pays, and nobody can ask afterwards whether it did.
+    @harness.tool(side_effect=True)
+    async def refund_blind(ctx: tt.ToolContext, order: str, amount: int) -> dict[str, Any]:
+        await before_write()
+        pay("refund_blind", order, amount, None, ctx.idempotency_key)
+        await after_write("refund_blind", order)
+        return refund_result(order, amount)
+
+    @harness.tool(idempotent=True)
+    async def lookup(ctx: tt.ToolContext, order: str) -> dict[str, Any]:
+        await before_write()
+        ledger_query(ledger, "INSERT INTO lookups (order_id, pid, at) VALUES (?, ?, ?)",
+                     (order, os.getpid(), time.time()))
+        await after_write("lookup", order)
+        return lookup_result(order)
+
+    harness.add_agent("refunder", Refunder())
+    harness.add_agent("approver", Approver(ledger))
+    return harness
+
+
+# ---------------------------------------------------------------------- the child process
+
+
+async def _all_settled(harness: tt.Harness) -> bool:
+    counts = await harness.store.count_by_status()
+    return bool(counts) and all(status in SETTLED for status in counts)
+
+
+async def _run(mode: str, harness: tt.Harness) -> int:
+    concurrency = int(os.environ.get("TETHER_CHAOS_CONCURRENCY", "4"))
+    deadline = time.monotonic() + float(os.environ.get("TETHER_CHAOS_DEADLINE", "30"))
+    _ = harness.store  # open the store (creates the schema) before the handshake
+    if mode == "emit":
+        spec = json.loads(os.environ["TETHER_CHAOS_EVENT"])
+        print("READY", flush=True)
+        receipt = await harness.emit(tt.Event(**spec))
+        print(f"EMITTED {receipt.event_id} {receipt.outcome}", flush=True)
+        await asyncio.sleep(3600)  # the parent kills us here
+        return 0
+    gate = os.environ.get("TETHER_CHAOS_GATE")
+    print("READY", flush=True)
+    while gate and not os.path.exists(gate):
+        if time.monotonic() > deadline:
+            return 4
+        await asyncio.sleep(0.01)
+    stop = asyncio.Event()
+    server = asyncio.create_task(harness.serve(concurrency=concurrency, stop=stop))
+    await asyncio.sleep(0)
+    print("SERVING", flush=True)
+    code = 0
+    while not server.done():
+        if mode == "drain" and await _all_settled(harness):
+            break
+        if time.monotonic() > deadline:
+            print("DEADLINE", flush=True)
+            code = 3
+            break
+        await asyncio.sleep(0.05)
+    stop.set()
+    await server  # re-raises a crash of the worker loop itself
+    print("DONE", flush=True)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    mode = argv[0] if argv else "serve"
+    if mode not in ("serve", "drain", "emit"):
+        print(f"unknown mode {mode!r}", file=sys.stderr)
+        return 2
+    harness = build_harness(os.environ["TETHER_CHAOS_DB"], os.environ["TETHER_CHAOS_LEDGER"],
+                            unsafe=os.environ.get("TETHER_CHAOS_UNSAFE") == "1")
+
+    async def go() -> int:
+        try:
+            return await _run(mode, harness)
+        finally:
+            await harness.close()
+
+    return asyncio.run(go())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

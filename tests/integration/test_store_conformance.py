@@ -1,0 +1,63 @@
+"""Every store backend passes the Store conformance suite (R13, R14, R19)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from tether.settings import Settings
+from tether.store import SQLiteStore, Store, open_store
+from tether.store.conformance import DurableStoreConformance, StoreConformance
+
+
+def _sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'tether.db'}"
+
+
+class TestStoreConformance(StoreConformance):
+    """R13: the conformance suite on every backend: memory:// and a SQLite file."""
+
+    @pytest.fixture(params=["memory", "sqlite-file"])
+    async def store(self, request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+        url = "memory://" if request.param == "memory" else _sqlite_url(tmp_path)
+        store = open_store(url)
+        yield store
+        await store.close()
+
+
+class TestSQLiteFileDurability(DurableStoreConformance):
+    """R6, R19: the SQLite file backend, including reopening the same file."""
+
+    @pytest.fixture
+    async def store(self, tmp_path: Path) -> AsyncIterator[Store]:
+        store = open_store(_sqlite_url(tmp_path))
+        yield store
+        await store.close()
+
+    @pytest.fixture
+    def reopen_store(self, tmp_path: Path) -> Callable[[], Store]:
+        return lambda: open_store(_sqlite_url(tmp_path))
+
+
+async def test_sqlite_file_defaults_to_wal_and_synchronous_full(tmp_path: Path) -> None:
+    """R13: the embedded store is durable by default: WAL journal, synchronous=FULL (2)."""
+    store = open_store(_sqlite_url(tmp_path))
+    try:
+        assert isinstance(store, SQLiteStore)
+        assert str(store.pragma("journal_mode")).lower() == "wal"
+        assert store.pragma("synchronous") == 2
+    finally:
+        await store.close()
+
+
+async def test_sqlite_synchronous_normal_from_settings(tmp_path: Path) -> None:
+    """R12, R13: Settings(sqlite_synchronous="NORMAL") gives synchronous=NORMAL (1), still WAL."""
+    store = open_store(_sqlite_url(tmp_path), Settings(sqlite_synchronous="NORMAL"))
+    try:
+        assert isinstance(store, SQLiteStore)
+        assert store.pragma("synchronous") == 1
+        assert str(store.pragma("journal_mode")).lower() == "wal"
+    finally:
+        await store.close()
