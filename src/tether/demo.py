@@ -29,8 +29,8 @@ import tether as tt
 from tether.examples import build_harness, contract_files
 from tether.examples.ledger import Ledger
 
-ORDERS = [{"id": "A-1001", "cents": 2599}, {"id": "A-1002", "cents": 1250},
-          {"id": "A-1003", "cents": 9900}]
+ORDERS: list[dict[str, Any]] = [
+    {"id": "A-1001", "cents": 2599}, {"id": "A-1002", "cents": 1250}, {"id": "A-1003", "cents": 9900}]
 
 
 @dataclass
@@ -99,14 +99,14 @@ async def _refund(harness: tt.Harness, console: Console, outcome: DemoOutcome,
                   store_url: str, ledger_path: str) -> None:
     console.rule("[bold]2. A worker is killed while a refund is in flight")
     task_id = await harness.submit("refund", {"orders": ORDERS})
-    env = {**os.environ, "TETHER_DEMO_SLOW_ORDER": ORDERS[1]["id"], "TETHER_DEMO_LEDGER": ledger_path}
+    env = {**os.environ, "TETHER_DEMO_SLOW_ORDER": str(ORDERS[1]["id"]), "TETHER_DEMO_LEDGER": ledger_path}
     child = subprocess.Popen(
         [sys.executable, "-m", "tether", "--store", store_url, "worker", "--concurrency", "1"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ledger = Ledger(ledger_path)
     try:
         deadline = time.time() + 30
-        while ledger.count(ORDERS[1]["id"]) == 0 and time.time() < deadline:
+        while ledger.count(str(ORDERS[1]["id"])) == 0 and time.time() < deadline:
             await asyncio.sleep(0.02)
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=10)
@@ -119,7 +119,7 @@ async def _refund(harness: tt.Harness, console: Console, outcome: DemoOutcome,
             await harness.run_until_idle(timeout=30)
             await asyncio.sleep(0.1)
         strategies = [r["resume_strategy"] for r in await harness.store.list_recovery_log(task_id)]
-        counts = {o["id"]: ledger.count(o["id"]) for o in ORDERS}
+        counts = {str(o["id"]): ledger.count(str(o["id"])) for o in ORDERS}
     finally:
         ledger.close()
         if child.poll() is None:
