@@ -1,0 +1,160 @@
+"""R14 (with E4): versioned snapshots, kept with timestamps, and rollback to any kept one."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from _support import fast_settings, strategies
+
+import tether as tt
+from tether.model import Snapshot
+
+
+def charger(h: tt.Harness, runs: list[int], count: int = 6) -> None:
+    """Charges *count* items (a side effect), then waits for an approval before finishing."""
+
+    @h.tool(side_effect=True)
+    async def charge(ctx: tt.ToolContext, item: int) -> dict:
+        runs.append(item)
+        return {"item": item, "key": ctx.idempotency_key}
+
+    @h.agent("charger")
+    class Charger(tt.Agent):
+        async def plan(self, task):
+            i = task.scratch.get("i", 0)
+            if i < count:
+                task.scratch["i"] = i + 1
+                return tt.ToolCall("charge", {"item": i + 1})
+            if task.last_event is None:
+                return tt.Wait("approval")
+            return tt.Finish({"charged": i})
+
+
+async def version_at_step(h: tt.Harness, tid: str, step: int) -> int:
+    """The kept version whose head is at *step* with no call in flight."""
+    for version, _, _ in await h.store.list_versions(tid):
+        _, data = await h.store.load_head(tid, version)
+        snap = Snapshot.loads(data, tid, version)
+        if snap.step == step and snap.call is None:
+            return version
+    raise AssertionError(f"no kept version at step {step}")
+
+
+async def test_r14_last_n_versions_kept_with_timestamps():
+    """R14: versions are never overwritten; the newest keep_versions are kept, each timestamped."""
+    h = tt.Harness("memory://", settings=fast_settings(keep_versions=5))
+    runs: list[int] = []
+    charger(h, runs, count=10)
+    t0 = time.time()
+    tid = await h.submit("charger")
+    await h.run_until_idle(timeout=5)
+    info = await h.get(tid)
+    versions = await h.store.list_versions(tid)
+    assert len(versions) == 5
+    numbers = [v for v, _, _ in versions]
+    assert numbers == list(range(info.version - 4, info.version + 1))
+    stamps = [at for _, at, _ in versions]
+    assert stamps == sorted(stamps) and all(t0 - 1 <= at <= time.time() for at in stamps)
+    steps = [Snapshot.loads((await h.store.load_head(tid, v))[1], tid, v).step for v in numbers]
+    assert steps == sorted(steps) and steps[0] < steps[-1]  # older versions hold older state
+    await h.close()
+
+
+async def test_r14_e4_rollback_continues_from_older_version_without_repeating_side_effects():
+    """R14, E4: rolling back to an older version continues from there; the calls made since are
+    identical, so they return their recorded results and the side effect does not run again."""
+    h = tt.Harness("memory://", settings=fast_settings(keep_versions=100))
+    runs: list[int] = []
+    charger(h, runs)
+    tid = await h.submit("charger")
+    await h.run_until_idle(timeout=5)
+    assert (await h.get(tid)).record.status is tt.Status.WAITING
+    assert runs == [1, 2, 3, 4, 5, 6]
+
+    target = await version_at_step(h, tid, 2)
+    await h.rollback(tid, target)
+    rolled = await h.get(tid)
+    assert rolled.snapshot.step == 2 and rolled.snapshot.frame.scratch["i"] == 2
+    assert rolled.record.status is not tt.Status.WAITING
+    assert "rollback" in await strategies(h, tid)
+
+    await h.run_until_idle(timeout=5)
+    assert runs == [1, 2, 3, 4, 5, 6]  # nothing charged twice
+    assert (await h.get(tid)).record.status is tt.Status.WAITING
+    assert (await strategies(h, tid)).count("reuse_result") == 4
+    await h.emit(tt.Event("approval", tid, {"ok": True}))
+    await h.run_until_idle(timeout=5)
+    info = await h.get(tid)
+    assert info.record.status is tt.Status.COMPLETED and info.snapshot.result == {"charged": 6}
+    await h.close()
+
+
+async def test_e4_rollback_with_redo_side_effects_runs_again_with_new_keys():
+    """E4: redoing side effects after a rollback takes an explicit request, and uses new keys."""
+    h = tt.Harness("memory://", settings=fast_settings(keep_versions=100))
+    runs: list[int] = []
+    charger(h, runs)
+    tid = await h.submit("charger")
+    await h.run_until_idle(timeout=5)
+    first_keys = {r.key for r in await h.store.list_idempotency(tid)}
+
+    await h.rollback(tid, await version_at_step(h, tid, 2), redo_side_effects=True)
+    await h.run_until_idle(timeout=5)
+    assert runs == [1, 2, 3, 4, 5, 6, 3, 4, 5, 6]
+    records = await h.store.list_idempotency(tid)
+    new_keys = {r.key for r in records} - first_keys
+    assert len(new_keys) == 4
+    assert all(r.status == "succeeded" for r in records if r.key in new_keys)
+    await h.close()
+
+
+async def test_r14_rollback_to_pruned_version_raises_version_not_found():
+    """R14: only kept versions can be rolled back to; a pruned one is VersionNotFound."""
+    h = tt.Harness("memory://", settings=fast_settings(keep_versions=3))
+    runs: list[int] = []
+    charger(h, runs)
+    tid = await h.submit("charger")
+    await h.run_until_idle(timeout=5)
+    kept = [v for v, _, _ in await h.store.list_versions(tid)]
+    assert 1 not in kept and len(kept) == 3
+    before = await h.get(tid)
+    with pytest.raises(tt.VersionNotFound, match="not kept"):
+        await h.rollback(tid, 1)
+    after = await h.get(tid)
+    assert after.version == before.version and after.record.status is tt.Status.WAITING
+    await h.close()
+
+
+async def test_r14_history_after_rollback_shows_the_branch():
+    """R14: after a rollback, the rows written after the rollback point are not in
+    `harness.history`, but they remain in the store on their own branch."""
+    h = tt.Harness("memory://", settings=fast_settings(keep_versions=100))
+    runs: list[int] = []
+    charger(h, runs)
+    tid = await h.submit("charger")
+    await h.run_until_idle(timeout=5)
+    await h.emit(tt.Event("user_message", tid, {"text": "before rollback"}))
+    await h.run_until_idle(timeout=5)
+    full = await h.history(tid)
+    assert any(r.get("content") == {"text": "before rollback"} for r in full)
+
+    target = await version_at_step(h, tid, 2)
+    _, data = await h.store.load_head(tid, target)
+    point = Snapshot.loads(data, tid, target).history_len
+    await h.rollback(tid, target)
+
+    branch = await h.history(tid)
+    assert branch == full[:point]
+    assert not any(r.get("content") == {"text": "before rollback"} for r in branch)
+    original = await h.store.read_history(tid, [[0, -1]])
+    assert original[: len(full)] == full  # nothing was deleted or rewritten
+
+    await h.run_until_idle(timeout=5)
+    continued = await h.history(tid)
+    assert continued[:point] == full[:point]
+    assert len(continued) > point
+    assert not any(r.get("content") == {"text": "before rollback"} for r in continued)
+    info = await h.get(tid)
+    assert len(info.snapshot.history_segments) == 2
+    await h.close()

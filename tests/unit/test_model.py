@@ -1,0 +1,242 @@
+"""The data model: life cycle, plain data, snapshots and actions (R8, R9, R11)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import orjson
+import pytest
+
+from tether.errors import CorruptSnapshot, IllegalTransition, InvalidInput
+from tether.model import (
+    SNAPSHOT_FORMAT,
+    CallState,
+    Event,
+    Fail,
+    Finish,
+    Frame,
+    RecoveryState,
+    Reply,
+    Resource,
+    Snapshot,
+    Spawn,
+    Status,
+    ToolCall,
+    Wait,
+    action_from_dict,
+    action_to_dict,
+    check_transition,
+    to_plain,
+)
+
+# --------------------------------------------------------------------------- life cycle
+
+
+@pytest.mark.parametrize(
+    ("current", "target"),
+    [
+        (Status.PENDING, Status.RUNNING),
+        (Status.PENDING, Status.CANCELLED),
+        (Status.RUNNING, Status.PAUSED),
+        (Status.RUNNING, Status.WAITING),
+        (Status.RUNNING, Status.NEEDS_HUMAN),
+        (Status.RUNNING, Status.COMPLETED),
+        (Status.RUNNING, Status.FAILED),
+        (Status.PAUSED, Status.RUNNING),
+        (Status.WAITING, Status.RUNNING),
+        (Status.NEEDS_HUMAN, Status.RUNNING),
+        (Status.NEEDS_HUMAN, Status.CANCELLED),
+        (Status.FAILED, Status.RUNNING),
+        (Status.RUNNING, Status.RUNNING),
+        (Status.COMPLETED, Status.COMPLETED),
+    ],
+)
+def test_legal_transitions(current: Status, target: Status) -> None:
+    """R11, R26: the life cycle allows these moves (and staying put)."""
+    check_transition("t1", current, target)
+
+
+@pytest.mark.parametrize(
+    ("current", "target"),
+    [
+        (Status.CANCELLED, Status.RUNNING),
+        (Status.COMPLETED, Status.RUNNING),
+        (Status.COMPLETED, Status.FAILED),
+        (Status.PENDING, Status.COMPLETED),
+        (Status.PENDING, Status.WAITING),
+        (Status.WAITING, Status.COMPLETED),
+        (Status.FAILED, Status.COMPLETED),
+        (Status.CANCELLED, Status.PENDING),
+    ],
+)
+def test_illegal_transitions_name_task_and_states(current: Status, target: Status) -> None:
+    """R11: a cancelled or completed task never runs again; illegal moves are refused by name."""
+    with pytest.raises(IllegalTransition) as info:
+        check_transition("task-42", current, target)
+    message = str(info.value)
+    assert "task-42" in message and current.value in message and target.value in message
+
+
+def test_terminal_statuses() -> None:
+    """R11: completed, failed and cancelled are terminal; the rest are not."""
+    assert {s for s in Status if s.is_terminal} == {Status.COMPLETED, Status.FAILED, Status.CANCELLED}
+
+
+# --------------------------------------------------------------------------- plain data
+
+
+@dataclasses.dataclass
+class _Usage:
+    tokens: int
+    model: str
+
+
+@dataclasses.dataclass
+class _Response:
+    text: str
+    usage: _Usage
+    tags: tuple[str, ...] = ("a",)
+
+
+class _PydanticLike:
+    def model_dump(self, mode: str = "python") -> dict[str, Any]:
+        assert mode == "json"
+        return {"id": "resp-1", "choices": [{"text": "hi"}]}
+
+
+def test_to_plain_converts_dataclasses() -> None:
+    """R8: SDK-like dataclass responses become plain JSON data before entering a snapshot."""
+    plain = to_plain({"resp": _Response("hi", _Usage(12, "m1")), 1: "int key"})
+    assert plain == {"resp": {"text": "hi", "usage": {"tokens": 12, "model": "m1"}, "tags": ["a"]},
+                     "1": "int key"}
+
+
+def test_to_plain_uses_model_dump() -> None:
+    """R8: pydantic-style objects are converted through model_dump(mode="json")."""
+    assert to_plain(_PydanticLike()) == {"id": "resp-1", "choices": [{"text": "hi"}]}
+
+
+@pytest.mark.parametrize("value", [object(), {"handle": object()}, [1, {2, 3}], {"f": lambda: 1}])
+def test_to_plain_refuses_non_serialisable(value: Any) -> None:
+    """R8: a value that would not load again after a restart is refused with InvalidInput."""
+    with pytest.raises(InvalidInput, match="not JSON-serialisable"):
+        to_plain(value)
+
+
+# --------------------------------------------------------------------------- snapshots
+
+
+def _full_snapshot() -> Snapshot:
+    root = Frame(agent="planner", input={"goal": "refund"}, frame_id="f-root", steps=2,
+                 scratch={"seen": [1, 2]}, agenda=[action_to_dict(Reply("ok"))])
+    child = Frame(agent="refunder", input={"order": "o-1"}, frame_id="f-child",
+                  wait={"event_type": "approval", "due": 123.0})
+    return Snapshot(
+        task_id="t1",
+        agent="planner",
+        input={"goal": "refund"},
+        status=Status.WAITING,
+        created_at=1000.0,
+        step=5,
+        stack=[root, child],
+        call=CallState(key="t1:f-child:0", tool="refund", args={"amount": 10}, args_hash="abc",
+                       status="started", attempt=1, fingerprints=["refund:123"]),
+        resources=[Resource(kind="file", ref="/tmp/x", cleanup="on_success")],
+        signals={"progress": 0.5},
+        history_len=7,
+        history_segments=[[0, 4], [1, -1]],
+        recovery=RecoveryState(attempts=1, fingerprints=["fp"], started_at=999.0, reasons=["boom"]),
+        key_salt="~redo1",
+    )
+
+
+def test_snapshot_round_trips() -> None:
+    """R8, R9: the whole head, stack included, survives dumps/loads unchanged."""
+    snap = _full_snapshot()
+    loaded = Snapshot.loads(snap.dumps(), "t1", 3)
+    assert loaded == snap
+    assert loaded.status is Status.WAITING
+    assert isinstance(loaded.stack[1], Frame) and loaded.frame.agent == "refunder"
+    assert isinstance(loaded.call, CallState) and loaded.call.status == "started"
+    assert isinstance(loaded.resources[0], Resource)
+    assert isinstance(loaded.recovery, RecoveryState)
+    assert loaded.format == SNAPSHOT_FORMAT
+
+
+def test_minimal_snapshot_round_trips() -> None:
+    """R8: a fresh task's head (no call, empty stack) round-trips too."""
+    snap = Snapshot(task_id="t2", agent="echo", input=None, created_at=1.0)
+    assert Snapshot.loads(snap.dumps(), "t2", 1) == snap
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"\x00\xffnot json",
+        b"[1, 2, 3]",
+        b"{}",
+        b'{"format": 999}',
+        orjson.dumps({"format": SNAPSHOT_FORMAT, "task_id": "t1"}),
+        _full_snapshot().dumps()[:-20],
+        _full_snapshot().dumps().replace(b'"waiting"', b'"sleeping"'),
+    ],
+)
+def test_corrupt_snapshot_names_task_and_version(data: bytes) -> None:
+    """R13: a damaged head raises CorruptSnapshot naming the task and version, nothing else."""
+    with pytest.raises(CorruptSnapshot) as info:
+        Snapshot.loads(data, "task-7", 42)
+    message = str(info.value)
+    assert "task-7" in message and "42" in message
+
+
+# --------------------------------------------------------------------------- actions
+
+
+@pytest.mark.parametrize(
+    "action",
+    [
+        ToolCall("refund", {"amount": 10}),
+        Spawn("researcher", {"q": "x"}),
+        Wait("approval", timeout=30.0),
+        Reply("done"),
+        Finish({"ok": True}),
+        Fail("no stock"),
+    ],
+)
+def test_actions_round_trip(action: Any) -> None:
+    """R8, R17: actions are stored as plain data with their kind and come back equal."""
+    data = action_to_dict(action)
+    assert orjson.loads(orjson.dumps(data)) == data
+    back = action_from_dict(data)
+    assert type(back) is type(action)
+    assert action_to_dict(back) == data
+
+
+def test_action_to_dict_kind_names() -> None:
+    """R17: the stored kind names the action."""
+    assert action_to_dict(ToolCall("t", {"a": 1})) == {"kind": "tool_call", "name": "t", "args": {"a": 1}}
+    assert action_to_dict(Reply("hi")) == {"kind": "reply", "text": "hi"}
+
+
+@pytest.mark.parametrize("not_an_action", ["finish", {"kind": "reply", "text": "x"}, None, 42,
+                                           Event(type="x", task_id="t")])
+def test_action_to_dict_rejects_non_actions(not_an_action: Any) -> None:
+    """R17: an agent returning something that is not an action gets a clear InvalidInput."""
+    with pytest.raises(InvalidInput, match="not an action"):
+        action_to_dict(not_an_action)
+
+
+def test_action_with_unserialisable_args_is_refused() -> None:
+    """R8: an action's arguments must be plain data."""
+    with pytest.raises(InvalidInput):
+        action_to_dict(ToolCall("t", {"client": object()}))
+
+
+def test_event_to_dict() -> None:
+    """R3: an event's plain form carries type, task, payload, priority and source id."""
+    event = Event(type="approval", task_id="t1", payload={"ok": True}, priority=1,
+                  source_event_id="s1", id=5, created_at=10.0)
+    assert event.to_dict() == {"id": 5, "type": "approval", "task_id": "t1", "payload": {"ok": True},
+                               "priority": 1, "source_event_id": "s1", "created_at": 10.0}
