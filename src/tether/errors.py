@@ -43,6 +43,10 @@ class TaskNotFound(TetherError):
     """No task with that id exists in the store."""
 
 
+class TaskExists(TetherError):
+    """A task with that id already exists."""
+
+
 class VersionNotFound(TetherError):
     """That snapshot version is not kept for this task."""
 

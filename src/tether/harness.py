@@ -18,7 +18,7 @@ from typing import Any, TypeVar, overload
 
 from tether.agent import Agent
 from tether.bundle import dumps_bundle, export_bundle
-from tether.errors import ConfigurationError, InvalidInput, UnknownAgent
+from tether.errors import ConfigurationError, UnknownAgent
 from tether.events import Inbox, ensure_task
 from tether.model import EmitReceipt, Event, Frame, Priority, Snapshot, Status, TaskRecord, new_id
 from tether.model import to_plain as _to_plain
@@ -145,12 +145,7 @@ class Harness:
         snap = Snapshot(task_id=task_id, agent=agent, input=plain, created_at=now,
                         stack=[Frame(agent=agent, input=plain)])
         record = TaskRecord(task_id, agent, Status.PENDING, now, now, 1)
-        try:
-            await self.store.create_task(record, snap.dumps())
-        except Exception as exc:
-            if "UNIQUE" in str(exc) or "unique" in str(exc):
-                raise InvalidInput(f"a task with id {task_id!r} already exists") from exc
-            raise
+        await self.store.create_task(record, snap.dumps())
         return task_id
 
     async def emit(self, event: Event) -> EmitReceipt:

@@ -102,5 +102,5 @@ def _as_priority(event_type: str, value: Priority | int) -> Priority:
 
 def _as_rule(event_type: str, rule: Rule | Priority | int) -> Rule:
     if isinstance(rule, Rule):
-        return rule
+        return Rule(_as_priority(event_type, rule.priority), rule.coalesce)
     return Rule(_as_priority(event_type, rule))

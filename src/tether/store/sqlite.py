@@ -26,6 +26,7 @@ from tether.errors import (
     LeaseLost,
     StoreError,
     TaskClosed,
+    TaskExists,
     TaskNotFound,
     VersionNotFound,
 )
@@ -92,6 +93,8 @@ class SQLiteStore:
 
     async def create_task(self, record: TaskRecord, head: bytes) -> None:
         with self._write() as db:
+            if db.execute("SELECT 1 FROM tasks WHERE task_id = ?", (record.task_id,)).fetchone():
+                raise TaskExists(f"a task with id {record.task_id!r} already exists; nothing was changed")
             db.execute(
                 "INSERT INTO tasks (task_id, agent, status, created_at, updated_at, head_version)"
                 " VALUES (?, ?, ?, ?, ?, 1)",
@@ -185,7 +188,8 @@ class SQLiteStore:
         with self._write() as db:
             self._check_fence(db, claim)
             db.execute(
-                "UPDATE tasks SET lease_owner = NULL, lease_until = NULL WHERE task_id = ?",
+                "UPDATE tasks SET lease_owner = NULL, lease_until = NULL, fence = fence + 1"
+                " WHERE task_id = ?",
                 (claim.task_id,),
             )
 
@@ -208,8 +212,9 @@ class SQLiteStore:
                 )
             if checkpoint.events_done:
                 db.executemany(
-                    "UPDATE events SET status = ?, done_at = ? WHERE id = ?",
-                    [(disposition, now, event_id) for event_id, disposition in checkpoint.events_done],
+                    "UPDATE events SET status = ?, done_at = ? WHERE id = ? AND task_id = ?",
+                    [(disposition, now, event_id, task_id)
+                     for event_id, disposition in checkpoint.events_done],
                 )
             if checkpoint.idempotency:
                 db.executemany(
@@ -246,6 +251,7 @@ class SQLiteStore:
             if row is None:
                 await self.get_task(task_id)
         else:
+            await self.get_task(task_id)
             row = self._db.execute(
                 "SELECT version, head FROM snapshots WHERE task_id = ? AND version = ?",
                 (task_id, version),
@@ -291,7 +297,6 @@ class SQLiteStore:
 
     async def add_event(self, event: Event, priority: int, limits: InboxLimits, now: float) -> EmitReceipt:
         with self._write() as db:
-            self._check_open(db, event.task_id, limits)
             if event.source_event_id is not None:
                 seen = db.execute(
                     "SELECT id FROM events WHERE task_id = ? AND source_event_id = ?",
@@ -299,6 +304,7 @@ class SQLiteStore:
                 ).fetchone()
                 if seen:
                     return EmitReceipt(False, int(seen[0]), "duplicate")
+            self._check_open(db, event.task_id, limits)
             if limits.refusable:
                 self._check_capacity(db, event, limits)
             event_id = db.execute(
