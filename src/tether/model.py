@@ -270,6 +270,8 @@ class RecoveryState:
     fingerprints: list[str] = field(default_factory=list)
     started_at: float | None = None
     reasons: list[str] = field(default_factory=list)
+    retry_at: float | None = None
+    """When a failed plan (a model call) may be tried again; a due time, so it survives restarts."""
 
 
 @dataclass

@@ -257,6 +257,27 @@ async def _recover_call(runner: Runner, call: CallState, fingerprint: str) -> No
     await runner.commit()
 
 
+async def plan_failed(runner: Runner, error: Exception) -> None:
+    """The agent's plan (often a model call) raised: retry with backoff, stop on a repeat (R22)."""
+    agent = runner.snap.frame.agent
+    fingerprint = failure_fingerprint(f"plan:{agent}", error)
+    rec = runner.snap.recovery
+    text = describe_error(error)
+    if fingerprint in rec.fingerprints:
+        await hand_to_person(runner, f"planning by agent {agent!r} failed again the same way"
+                             f" ({text}); fingerprint {fingerprint} seen before (R22)")
+        return
+    if not await _count_attempt(runner, f"plan of {agent}: {text}"):
+        await runner.commit()
+        return
+    rec.fingerprints.append(fingerprint)
+    delay = runner.settings.recovery_backoff * (2 ** (rec.attempts - 1))
+    rec.retry_at = time.time() + delay
+    runner.log_recovery("retry_plan", detail=f"agent {agent} failed to plan ({text});"
+                        f" retrying in {delay:.2f}s")
+    await runner.commit()
+
+
 def progress_made(runner: Runner) -> None:
     """A step succeeded: the recovery budget is per resume point, so it starts afresh."""
     rec = runner.snap.recovery

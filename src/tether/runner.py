@@ -120,13 +120,19 @@ class Runner:
             await self.tick()
             if self.snap.status is not Status.RUNNING:
                 break
-            call = self.snap.call
-            if call and call.retry_at and call.retry_at > time.time():
-                await self.sleep_until(call.retry_at)
+            due = self._retry_due()
+            if due is not None and due > time.time():
+                await self.sleep_until(due)
                 continue
             await self.step()
         await self.flush()
         return self.snap.status
+
+    def _retry_due(self) -> float | None:
+        call = self.snap.call
+        if call is not None and call.retry_at:
+            return call.retry_at
+        return self.snap.recovery.retry_at
 
     async def tick(self) -> None:
         """Drain the inbox: apply pending events, most urgent first (R5)."""
@@ -149,6 +155,10 @@ class Runner:
                 action, scratch = await self.plan()
             except Preempted:
                 return
+            except Exception as error:  # a model call may fail in any way: bounded recovery
+                await recovery.plan_failed(self, error)
+                return
+            self.snap.recovery.retry_at = None
             frame.scratch = scratch
             frame.agenda.append(action_to_dict(action))
         action = action_from_dict(frame.agenda[0])
@@ -201,6 +211,7 @@ class Runner:
         frame.agenda.pop(0)
         frame.steps += 1
         self.snap.step += 1
+        recovery.progress_made(self)
         if isinstance(action, Reply):
             self.append_history({"role": "assistant", "content": action.text})
         elif isinstance(action, Spawn):
