@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from tether import recovery
 from tether.errors import InvalidInput, TaskNotFound
-from tether.model import EmitReceipt, Event, Priority, Status, action_to_dict, to_plain
+from tether.model import EmitReceipt, Event, Priority, Status, to_plain
 from tether.protocol import CONTROL_EVENTS, InterruptionProtocol
 from tether.settings import Settings
 from tether.store import InboxLimits, Store, StoredEvent
@@ -96,7 +96,7 @@ async def _deliver(runner: Runner, event: Event, priority: int) -> None:
     action = await runner.agent_for(frame).on_event(runner.view(scratch), event)
     if action is not None:
         frame.scratch = scratch
-        frame.agenda.insert(0, action_to_dict(action))
+        runner.put_first(action)
         if snap.status is Status.WAITING:
             end_wait(runner, event.to_dict())
         return

@@ -22,14 +22,13 @@ from tether.model import (
     Event,
     Snapshot,
     Status,
-    action_from_dict,
-    action_to_dict,
     to_plain,
 )
 from tether.tools import Tool, ToolContext, describe_error, failure_fingerprint
 
 if TYPE_CHECKING:
     from tether.runner import Runner
+    from tether.store import Store
 
 log = logging.getLogger("tether.recovery")
 
@@ -229,9 +228,9 @@ async def _give_up(runner: Runner, call: CallState, fingerprint: str) -> None:
         frame.steps += 1
         snap.step += 1
         snap.call = None
-        frame.agenda.insert(0, action_to_dict(action))
+        runner.put_first(action)
         runner.log_recovery("skip", detail=f"{call.tool} failed for good ({call.error}); the"
-                            f" agent chose {action_from_dict(frame.agenda[0]).__class__.__name__}")
+                            f" agent chose {type(action).__name__}")
         await runner.commit()
         return
     await _recover_call(runner, call, fingerprint)
@@ -322,6 +321,15 @@ async def human_resume(runner: Runner, event: Event) -> None:
     runner.log_recovery("human_resume", event.id, str(payload.get("message") or "resumed"))
 
 
+async def branch_history(store: Store, snap: Snapshot) -> int:
+    """Start a new dialog branch after *snap*'s last row; rows written later stay stored."""
+    epoch = await store.next_epoch(snap.task_id)
+    segments = [list(segment) for segment in snap.history_segments]
+    segments[-1][1] = snap.history_len
+    snap.history_segments = [*segments, [epoch, -1]]
+    return epoch
+
+
 def _settle_call_for_resume(runner: Runner, amended: bool) -> None:
     """Decide what a person's resume means for the call that stopped the task.
 
@@ -355,10 +363,7 @@ async def rollback(runner: Runner, event: Event) -> None:
     _, data = await runner.store.load_head(task_id, version)
     old = Snapshot.loads(data, task_id, version)
     failpoint("during_rollback")
-    epoch = await runner.store.next_epoch(task_id)
-    segments = [list(s) for s in old.history_segments]
-    segments[-1][1] = old.history_len
-    old.history_segments = [*segments, [epoch, -1]]
+    epoch = await branch_history(runner.store, old)
     if payload.get("redo_side_effects"):
         old.key_salt = f"~redo{epoch}"
     old.recovery = type(old.recovery)()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import time
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -72,6 +73,7 @@ class Runner:
         self._idempotency: list[IdempotencyRecord] = []
         self._log: list[dict[str, Any]] = []
         self._unsaved_steps = 0
+        self._committed = False
 
     # ------------------------------------------------------------------ loading
 
@@ -93,7 +95,9 @@ class Runner:
                         f"task {claim.task_id}: no readable snapshot is kept ({'; '.join(skipped)})"
                     ) from exc
                 version, data = await store.load_head(claim.task_id, older[-1])
-        history = (await store.read_history(claim.task_id, snap.history_segments))
+        if skipped:
+            await recovery.branch_history(store, snap)
+        history = await store.read_history(claim.task_id, snap.history_segments)
         runner = cls(harness, claim, snap, version, history[: snap.history_len])
         for reason in skipped:
             runner.log_recovery("fallback_version", detail=reason)
@@ -145,9 +149,11 @@ class Runner:
     async def step(self) -> None:
         """Carry out the frame's next recorded action, planning one first if there is none."""
         frame = self.snap.frame
+        if self.snap.call is None and frame.agenda and "open_call" in frame.agenda[0]:
+            self.snap.call = CallState(**frame.agenda[0].pop("open_call"))
         if self.snap.call is not None:
             pending = action_from_dict(frame.agenda[0])
-            assert isinstance(pending, ToolCall)
+            assert isinstance(pending, ToolCall), "an open call must head its frame's agenda"
             await self.call_tool(pending)
             return
         if not frame.agenda:
@@ -351,6 +357,20 @@ class Runner:
 
     # ------------------------------------------------------------------ state changes
 
+    def put_first(self, action: Action) -> None:
+        """Run *action* before the frame's recorded work, keeping that work (the to-do list).
+
+        A call that is open but not in flight (cancelled by a P0, or waiting
+        out a retry) is parked inside its own agenda entry with its key and
+        attempt count, and picked up again when that entry comes round.
+        """
+        frame = self.snap.frame
+        call = self.snap.call
+        if call is not None and frame.agenda:
+            frame.agenda[0]["open_call"] = dataclasses.asdict(call)
+            self.snap.call = None
+        frame.agenda.insert(0, action_to_dict(action))
+
     def set_status(self, status: Status) -> None:
         check_transition(self.snap.task_id, self.snap.status, status)
         self.snap.status = status
@@ -375,7 +395,8 @@ class Runner:
                     or self._unsaved_steps)
 
     async def flush(self) -> None:
-        if self.dirty or self.snap.status is not Status.RUNNING:
+        """Commit what is buffered; a parked task is always committed once (its wake time)."""
+        if self.dirty or (self.snap.status is not Status.RUNNING and not self._committed):
             await self.commit()
 
     async def commit(self) -> None:
@@ -396,6 +417,7 @@ class Runner:
         failpoint("after_checkpoint")
         self._rows, self._events_done, self._idempotency, self._log = [], [], [], []
         self._unsaved_steps = 0
+        self._committed = True
         recovery.emit_log_records(checkpoint.recovery_log, self.version)
 
     def _wake_at(self) -> float | None:

@@ -273,3 +273,214 @@ async def test_r02_get_answers_step_current_call_and_status(harness):
     after = await harness.get(tid)
     assert after.record.status is tt.Status.COMPLETED
     assert after.snapshot.step == 6 and after.snapshot.call is None
+
+
+async def test_r04_p0_cancels_in_flight_model_call_and_handler_runs(harness):
+    """R4, R17: a P0 cancels an in-flight plan (the model call) at once; the agent's handler then
+    spawns the subtask and the frame plans again afterwards."""
+    model_started = asyncio.Event()
+    cancelled_plans: list[int] = []
+    reparsed: list[int] = []
+
+    @harness.tool
+    async def parse(ctx: tt.ToolContext, n: int) -> int:
+        reparsed.append(n)
+        return n
+
+    @harness.agent("slow_model")
+    class SlowModel(tt.Agent):
+        async def plan(self, task):
+            if task.child_result is not None:
+                return tt.Finish({"child": task.child_result})
+            model_started.set()
+            try:
+                await asyncio.sleep(60)  # a model call that would take a minute
+            except asyncio.CancelledError:
+                cancelled_plans.append(task.step)
+                raise
+            return tt.Finish("too slow")
+
+        async def on_event(self, task, event):
+            if event.type == "user_interrupt":
+                return tt.Spawn("reparse_one", {"n": event.payload["n"]})
+            return None
+
+    @harness.agent("reparse_one")
+    class ReparseOne(tt.Agent):
+        async def plan(self, task):
+            if task.last_tool_result is None:
+                return tt.ToolCall("parse", {"n": task.input["n"]})
+            return tt.Finish(task.last_tool_result)
+
+    tid = await harness.submit("slow_model")
+
+    async def interrupt() -> None:
+        await model_started.wait()
+        await harness.emit(tt.Event("user_interrupt", tid, {"n": 5}))
+
+    await run_alongside(harness, interrupt(), timeout=5)
+    info = await harness.get(tid)
+    assert cancelled_plans == [0]
+    assert reparsed == [5]
+    assert info.record.status is tt.Status.COMPLETED
+    assert info.snapshot.result == {"child": 5}
+
+
+async def test_r04_r15_p0_handled_by_spawn_while_interruptible_tool_in_flight(harness):
+    """R4, R15, E1: a P0 cancels an interruptible tool; the agent answers with a Spawn. The Spawn
+    runs first and the cancelled call is kept on the to-do list and re-run afterwards.
+
+    (agent.on_event docstring: "An action returned here runs before the frame's own planned work,
+    which is kept".)
+    """
+    started = asyncio.Event()
+    runs: list[str] = []
+
+    @harness.tool(interruptible=True)
+    async def crawl(ctx: tt.ToolContext, site: str) -> str:
+        runs.append(f"crawl:{site}")
+        if len(runs) == 1:
+            started.set()
+            await asyncio.sleep(60)
+        return f"crawled {site}"
+
+    @harness.tool
+    async def parse(ctx: tt.ToolContext, n: int) -> int:
+        runs.append(f"parse:{n}")
+        return n
+
+    @harness.agent("crawler")
+    class Crawler(tt.Agent):
+        async def plan(self, task):
+            if task.last_tool_result is None:
+                return tt.ToolCall("crawl", {"site": "a"})
+            return tt.Finish({"crawl": task.last_tool_result, "child": task.child_result})
+
+        async def on_event(self, task, event):
+            if event.type == "user_interrupt":
+                return tt.Spawn("reparse_one", {"n": 5})
+            return None
+
+    @harness.agent("reparse_one")
+    class ReparseOne(tt.Agent):
+        async def plan(self, task):
+            if task.last_tool_result is None:
+                return tt.ToolCall("parse", {"n": task.input["n"]})
+            return tt.Finish(task.last_tool_result)
+
+    tid = await harness.submit("crawler")
+
+    async def interrupt() -> None:
+        await started.wait()
+        await harness.emit(tt.Event("user_interrupt", tid, {}))
+
+    await run_alongside(harness, interrupt(), timeout=5)
+    info = await harness.get(tid)
+    assert info.record.status is tt.Status.COMPLETED, info.record.reason
+    assert runs == ["crawl:a", "parse:5", "crawl:a"]
+    assert info.snapshot.result == {"crawl": "crawled a", "child": 5}
+
+
+async def test_r15_p0_handled_by_spawn_during_retry_backoff_keeps_the_failed_call(harness):
+    """R15, R17: a user interrupt arriving while a failed call waits for its retry is answered by
+    the agent's Spawn; the pending call is kept (to-do list survives) and retried afterwards."""
+    failed_once = asyncio.Event()
+    runs: list[str] = []
+
+    @harness.tool(retry=tt.RetryPolicy(max_attempts=3, backoff=0.3, jitter=0))
+    async def fetch(ctx: tt.ToolContext) -> str:
+        runs.append("fetch")
+        if len(runs) == 1:
+            failed_once.set()
+            raise ConnectionError("upstream down")
+        return "fetched"
+
+    @harness.tool
+    async def parse(ctx: tt.ToolContext, n: int) -> int:
+        runs.append(f"parse:{n}")
+        return n
+
+    @harness.agent("fetcher")
+    class Fetcher(tt.Agent):
+        async def plan(self, task):
+            if task.last_tool_result is None:
+                return tt.ToolCall("fetch", {})
+            return tt.Finish({"fetch": task.last_tool_result, "child": task.child_result})
+
+        async def on_event(self, task, event):
+            if event.type == "user_interrupt":
+                return tt.Spawn("reparse_one", {"n": 5})
+            return None
+
+    @harness.agent("reparse_one")
+    class ReparseOne(tt.Agent):
+        async def plan(self, task):
+            if task.last_tool_result is None:
+                return tt.ToolCall("parse", {"n": task.input["n"]})
+            return tt.Finish(task.last_tool_result)
+
+    tid = await harness.submit("fetcher")
+
+    async def interrupt() -> None:
+        await failed_once.wait()
+        await wait_until(lambda: "fetch" in runs)
+        await harness.emit(tt.Event("user_interrupt", tid, {}))
+
+    await run_alongside(harness, interrupt(), timeout=5)
+    info = await harness.get(tid)
+    assert info.record.status is tt.Status.COMPLETED, info.record.reason
+    assert runs == ["fetch", "parse:5", "fetch"]
+    assert info.snapshot.result == {"fetch": "fetched", "child": 5}
+
+
+async def test_r15_p1_handled_by_tool_call_during_retry_backoff_runs_that_call_with_its_own_args(
+        harness):
+    """R15, R10, E3: a user message arriving while a failed call waits for its retry is answered
+    by the agent with a different ToolCall. That call runs with its own arguments and key; the
+    pending call keeps its own and is retried afterwards."""
+    failed_once = asyncio.Event()
+    runs: list[tuple[str, dict]] = []
+
+    @harness.tool(retry=tt.RetryPolicy(max_attempts=3, backoff=0.3, jitter=0))
+    async def fetch(ctx: tt.ToolContext, url: str) -> str:
+        runs.append(("fetch", {"url": url}))
+        if len(runs) == 1:
+            failed_once.set()
+            raise ConnectionError("upstream down")
+        return f"fetched {url}"
+
+    @harness.tool
+    async def acknowledge(ctx: tt.ToolContext, text: str) -> str:
+        runs.append(("acknowledge", {"text": text}))
+        return f"ack {text}"
+
+    @harness.agent("fetcher")
+    class Fetcher(tt.Agent):
+        async def plan(self, task):
+            if task.last_tool_result is None or task.last_tool_result.startswith("ack"):
+                if task.scratch.get("fetched"):
+                    return tt.Finish(task.scratch["fetched"])
+                return tt.ToolCall("fetch", {"url": "https://example.com"})
+            task.scratch["fetched"] = task.last_tool_result
+            return tt.Finish(task.last_tool_result)
+
+        async def on_event(self, task, event):
+            if event.type == "user_message":
+                return tt.ToolCall("acknowledge", {"text": event.payload["text"]})
+            return None
+
+    tid = await harness.submit("fetcher")
+
+    async def message() -> None:
+        await failed_once.wait()
+        await harness.emit(tt.Event("user_message", tid, {"text": "hurry"}))
+
+    await run_alongside(harness, message(), timeout=5)
+    info = await harness.get(tid)
+    assert ("acknowledge", {"text": "hurry"}) in runs, runs
+    assert [r for r in runs if r[0] == "fetch"] == [("fetch", {"url": "https://example.com"})] * 2
+    records = {r.key: r for r in await harness.store.list_idempotency(tid)}
+    assert sorted(r.tool for r in records.values()) == ["acknowledge", "fetch"]
+    fetch_record = next(r for r in records.values() if r.tool == "fetch")
+    assert fetch_record.result == "fetched https://example.com"
+    assert info.record.status is tt.Status.COMPLETED, info.record.reason

@@ -3,8 +3,9 @@ state before resuming a wait."""
 
 from __future__ import annotations
 
-import tether as tt
 from _support import fast_settings, strategies
+
+import tether as tt
 
 
 async def test_r15_tool_retried_with_backoff_then_succeeds(harness):
@@ -83,9 +84,10 @@ async def test_r15_failed_item_in_batch_is_skipped_recorded_and_batch_continues(
     @harness.agent("batch")
     class Batch(tt.Agent):
         async def plan(self, task):
-            if task.last_tool_error is not None and task.last_tool_error["key"] not in task.scratch.get("seen", []):
-                task.scratch.setdefault("seen", []).append(task.last_tool_error["key"])
-                task.scratch.setdefault("errors", []).append(task.last_tool_error["error"])
+            error = task.last_tool_error
+            if error is not None and error["key"] not in task.scratch.get("seen", []):
+                task.scratch.setdefault("seen", []).append(error["key"])
+                task.scratch.setdefault("errors", []).append(error["error"])
             todo = task.scratch.setdefault("todo", [1, 2, 3, 4, 5])
             if not todo:
                 return tt.Finish({"skipped": task.scratch.get("skipped", []),
