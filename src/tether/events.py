@@ -23,6 +23,13 @@ if TYPE_CHECKING:
     from tether.runner import Runner
 
 
+REOPENS = {
+    "resume": frozenset({Status.FAILED}),
+    "rollback": frozenset({Status.FAILED, Status.COMPLETED}),
+}
+"""Finished tasks that a person's lever may still reach: retry a failure, roll back a result."""
+
+
 class Inbox:
     """The sending side: validate, classify and durably store events."""
 
@@ -47,6 +54,7 @@ class Inbox:
             coalesce=rule.coalesce,
             window=self.settings.coalesce_window,
             wakes_needs_human=event.type in CONTROL_EVENTS,
+            reopens=REOPENS.get(event.type, frozenset()),
         )
         receipt = await self.store.add_event(event, int(rule.priority), limits, time.time())
         return receipt, rule.priority

@@ -158,3 +158,53 @@ async def test_r14_history_after_rollback_shows_the_branch():
     info = await h.get(tid)
     assert len(info.snapshot.history_segments) == 2
     await h.close()
+
+
+async def test_r14_completed_task_can_be_rolled_back_and_rerun_without_repeating_calls() -> None:
+    """R14, E4: a completed task rolled back to a kept version runs on from there; identical
+    calls return their recorded results instead of running again."""
+    harness = tt.Harness("memory://", settings=tt.Settings(poll_interval=0.01))
+    runs: list[int] = []
+
+    @harness.tool(side_effect=True)
+    async def pay(ctx: tt.ToolContext, n: int) -> int:
+        runs.append(n)
+        return n * 10
+
+    @harness.agent("payer")
+    class Payer(tt.Agent):
+        async def plan(self, task: tt.TaskView) -> tt.Action:
+            n = task.scratch.get("n", 0)
+            if n == 3:
+                return tt.Finish(sum(e["content"] for e in task.history if e.get("role") == "tool"))
+            task.scratch["n"] = n + 1
+            return tt.ToolCall("pay", {"n": n})
+
+    task_id = await harness.submit("payer")
+    await harness.run_until_idle(timeout=10)
+    assert (await harness.get(task_id)).snapshot.result == 30
+    oldest = (await harness.store.list_versions(task_id))[0][0]
+    await harness.rollback(task_id, oldest)
+    assert (await harness.get(task_id)).record.status is not tt.Status.COMPLETED
+    await harness.run_until_idle(timeout=10)
+    info = await harness.get(task_id)
+    assert info.record.status is tt.Status.COMPLETED
+    assert info.snapshot.result == 30
+    assert runs == [0, 1, 2]
+
+
+async def test_r14_cancelled_task_cannot_be_rolled_back() -> None:
+    """R11: cancelled is final; a rollback is refused with TaskClosed and nothing changes."""
+    harness = tt.Harness("memory://")
+
+    @harness.agent("idle")
+    class Idle(tt.Agent):
+        async def plan(self, task: tt.TaskView) -> tt.Action:
+            return tt.Wait("approval")
+
+    task_id = await harness.submit("idle")
+    await harness.run_until_idle(timeout=10)
+    await harness.cancel(task_id)
+    with pytest.raises(tt.TaskClosed):
+        await harness.rollback(task_id, 1)
+    assert (await harness.get(task_id)).record.status is tt.Status.CANCELLED

@@ -60,6 +60,8 @@ class InboxLimits:
     coalesce: str | None
     window: float
     wakes_needs_human: bool
+    reopens: frozenset[Status] = frozenset()
+    """Finished statuses this event may still reach (a resume of a failed task, a rollback)."""
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ def limits(
     coalesce: str | None = None,
     window: float = 1.5,
     wakes_needs_human: bool = False,
+    reopens: frozenset[Status] = frozenset(),
 ) -> InboxLimits:
     """Inbox limits with suite defaults (content events: not refusable, never coalesced)."""
     return InboxLimits(
@@ -64,6 +65,7 @@ def limits(
         coalesce=coalesce,
         window=window,
         wakes_needs_human=wakes_needs_human,
+        reopens=reopens,
     )
 
 
@@ -580,7 +582,8 @@ class StoreConformance:
         with pytest.raises(TaskClosed):
             await store.add_event(event("t1", "user_message"), 1, limits(), now)
         receipt = await store.add_event(event("t1", "resume"), 0,
-                                        limits(wakes_needs_human=True), now + 1)
+                                        limits(wakes_needs_human=True,
+                                               reopens=frozenset({Status.FAILED})), now + 1)
         assert receipt.accepted
         woken = await store.claim("w2", now + 2, LEASE)
         assert woken is not None and woken.task_id == "t1"

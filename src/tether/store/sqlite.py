@@ -41,7 +41,7 @@ _TASK_COLUMNS = (
 _CLAIMABLE = """
     (lease_until IS NULL OR lease_until < :now)
     AND (status IN ('pending', 'running')
-         OR (status IN ('waiting', 'paused', 'needs_human', 'failed')
+         OR (status IN ('waiting', 'paused', 'needs_human', 'failed', 'completed')
              AND wake_at IS NOT NULL AND wake_at <= :now))
 """
 _OPEN_END = 1 << 62
@@ -321,11 +321,13 @@ class SQLiteStore:
                     " AND coalesce_class = ? AND status = 'pending' AND id <> ? AND created_at >= ?",
                     (now, event.task_id, limits.coalesce, event_id, now - limits.window),
                 ).rowcount
-            wakeable = "'waiting', 'paused', 'needs_human', 'failed'" if limits.wakes_needs_human \
-                else "'waiting', 'paused'"
+            wakeable = ["waiting", "paused", *(s.value for s in limits.reopens)]
+            if limits.wakes_needs_human:
+                wakeable.append("needs_human")
             db.execute(
-                f"UPDATE tasks SET wake_at = ? WHERE task_id = ? AND status IN ({wakeable})",
-                (now, event.task_id),
+                f"UPDATE tasks SET wake_at = ? WHERE task_id = ? AND status IN"
+                f" ({', '.join('?' * len(wakeable))})",
+                (now, event.task_id, *wakeable),
             )
         return EmitReceipt(True, int(event_id), "stored", coalesced)
 
@@ -334,8 +336,7 @@ class SQLiteStore:
         if row is None:
             raise TaskNotFound(f"no task {task_id!r} in store {self.path}; the event was not stored")
         status = Status(row[0])
-        reopenable = status is Status.FAILED and limits.wakes_needs_human
-        if status.is_terminal and not reopenable:
+        if status.is_terminal and status not in limits.reopens:
             raise TaskClosed(f"task {task_id} is {status.value}; the event was not stored")
 
     @staticmethod
