@@ -56,13 +56,22 @@ def load_app(spec: str, store: str) -> tt.Harness:
     raise click.UsageError(f"app {spec!r} is neither a tether.Harness nor a factory returning one")
 
 
-def run(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
-    """Run an async command and turn tether's errors into one clear line and exit 1."""
+def harness_command(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
+    """Run an async command with the app's harness (closed afterwards); tether's errors
+    become one clear line and exit status 1."""
 
     @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> T:
+    @click.pass_context
+    def wrapper(ctx: click.Context, *args: Any, **kwargs: Any) -> T:
+        async def with_harness() -> T:
+            harness = _harness(ctx)
+            try:
+                return await fn(harness, *args, **kwargs)
+            finally:
+                await harness.close()
+
         try:
-            return asyncio.run(fn(*args, **kwargs))
+            return asyncio.run(with_harness())
         except tt.TetherError as exc:
             console.print(f"[red]error:[/] {exc}", highlight=False)
             raise SystemExit(1) from None
@@ -135,64 +144,53 @@ def demo(keep: bool) -> None:
 @main.command()
 @click.option("--concurrency", default=4, show_default=True, help="Tasks run at once.")
 @click.option("--until-idle", is_flag=True, help="Exit when no task has work left.")
-@click.pass_context
-@run
-async def worker(ctx: click.Context, concurrency: int, until_idle: bool) -> None:
+@harness_command
+async def worker(harness: tt.Harness, concurrency: int, until_idle: bool) -> None:
     """Claim, run and recover tasks (any number of workers may share a store)."""
-    harness = _harness(ctx)
-    try:
-        if until_idle:
-            await harness.run_until_idle(concurrency=concurrency)
-        else:
-            await harness.serve(concurrency=concurrency)
-    finally:
-        await harness.close()
+    if until_idle:
+        await harness.run_until_idle(concurrency=concurrency)
+    else:
+        await harness.serve(concurrency=concurrency)
 
 
 @main.command()
 @click.argument("agent")
 @click.option("--input", "input_json", help="The task's input as JSON.")
 @click.option("--id", "task_id", help="Choose the task id (default: generated).")
-@click.pass_context
-@run
-async def submit(ctx: click.Context, agent: str, input_json: str | None, task_id: str | None) -> None:
+@harness_command
+async def submit(harness: tt.Harness, agent: str, input_json: str | None, task_id: str | None) -> None:
     """Create a task for AGENT."""
-    harness = _harness(ctx)
     task_id = await harness.submit(agent, _json_arg(input_json, "--input"), task_id=task_id)
     click.echo(task_id)
-    await harness.close()
 
 
 @main.command(name="ls")
 @click.option("--status", type=click.Choice([s.value for s in tt.Status]), help="Only this status.")
 @click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-@run
-async def list_tasks(ctx: click.Context, status: str | None, as_json: bool) -> None:
+@harness_command
+async def list_tasks(harness: tt.Harness, status: str | None, as_json: bool) -> None:
     """List tasks, newest first."""
-    harness = _harness(ctx)
     records = await harness.store.list_tasks(tt.Status(status) if status else None)
-    await harness.close()
     if as_json:
         _print_json([{**_plain(r), "status": r.status.value} for r in records])
         return
     table = Table("id", "agent", "status", "version", "updated", "reason")
+    table.columns[0].no_wrap = True
+    table.columns[4].no_wrap = True
     for r in records:
+        reason = r.reason or ""
         table.add_row(r.task_id, r.agent, r.status.value, str(r.head_version), _when(r.updated_at),
-                      r.reason or "")
+                      reason if len(reason) <= 60 else reason[:59] + "…")
     console.print(table)
 
 
 @main.command()
 @click.argument("task_id")
 @click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-@run
-async def show(ctx: click.Context, task_id: str, as_json: bool) -> None:
+@harness_command
+async def show(harness: tt.Harness, task_id: str, as_json: bool) -> None:
     """Where a task is: status, step, stack, current call, recovery state (R2)."""
-    harness = _harness(ctx)
     info = await harness.get(task_id)
-    await harness.close()
     snap = info.snapshot
     if as_json:
         _print_json({"version": info.version, "reason": info.record.reason,
@@ -215,13 +213,10 @@ async def show(ctx: click.Context, task_id: str, as_json: bool) -> None:
 @main.command()
 @click.argument("task_id")
 @click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-@run
-async def history(ctx: click.Context, task_id: str, as_json: bool) -> None:
+@harness_command
+async def history(harness: tt.Harness, task_id: str, as_json: bool) -> None:
     """The task's full dialog."""
-    harness = _harness(ctx)
     rows = await harness.history(task_id)
-    await harness.close()
     if as_json:
         _print_json(rows)
         return
@@ -235,13 +230,10 @@ async def history(ctx: click.Context, task_id: str, as_json: bool) -> None:
 @main.command()
 @click.argument("task_id")
 @click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-@run
-async def versions(ctx: click.Context, task_id: str, as_json: bool) -> None:
+@harness_command
+async def versions(harness: tt.Harness, task_id: str, as_json: bool) -> None:
     """Kept snapshot versions (R14)."""
-    harness = _harness(ctx)
     kept = await harness.store.list_versions(task_id)
-    await harness.close()
     if as_json:
         _print_json([{"version": v, "created_at": at, "bytes": size} for v, at, size in kept])
         return
@@ -257,15 +249,12 @@ async def versions(ctx: click.Context, task_id: str, as_json: bool) -> None:
 @click.option("--payload", help="Event payload as JSON.")
 @click.option("--priority", type=click.IntRange(0, 4), help="Override the protocol's priority.")
 @click.option("--source-event-id", help="Sender's id; a repeat is dropped (R6).")
-@click.pass_context
-@run
-async def emit(ctx: click.Context, task_id: str, event_type: str, payload: str | None,
+@harness_command
+async def emit(harness: tt.Harness, task_id: str, event_type: str, payload: str | None,
                priority: int | None, source_event_id: str | None) -> None:
     """Send an event to a task; returns once it is stored."""
-    harness = _harness(ctx)
     receipt = await harness.emit(tt.Event(event_type, task_id, _json_arg(payload, "--payload"),
                                           priority=priority, source_event_id=source_event_id))
-    await harness.close()
     click.echo(f"event {receipt.event_id}: {receipt.outcome}"
                + (f" ({receipt.coalesced} older coalesced)" if receipt.coalesced else ""))
 
@@ -274,17 +263,14 @@ async def emit(ctx: click.Context, task_id: str, event_type: str, payload: str |
 @click.argument("task_id")
 @click.option("--message", help="A note for the agent, added to the dialog.")
 @click.option("--patch", help="JSON object merged into the current frame's scratch data.")
-@click.pass_context
-@run
-async def resume(ctx: click.Context, task_id: str, message: str | None, patch: str | None) -> None:
+@harness_command
+async def resume(harness: tt.Harness, task_id: str, message: str | None, patch: str | None) -> None:
     """Resume a paused, parked or failed task."""
-    harness = _harness(ctx)
     frame_patch = _json_arg(patch, "--patch")
     if frame_patch is not None and not isinstance(frame_patch, dict):
         raise click.BadParameter("--patch must be a JSON object")
     await harness.resume(task_id, message=message, frame_patch=frame_patch)
     info = await harness.get(task_id)
-    await harness.close()
     click.echo(f"{task_id}: {info.record.status.value}")
 
 
@@ -292,14 +278,11 @@ async def resume(ctx: click.Context, task_id: str, message: str | None, patch: s
 @click.argument("task_id")
 @click.option("--to", "version", type=int, required=True, help="A kept version (see `versions`).")
 @click.option("--redo-side-effects", is_flag=True, help="Run calls after the version again (E4).")
-@click.pass_context
-@run
-async def rollback(ctx: click.Context, task_id: str, version: int, redo_side_effects: bool) -> None:
+@harness_command
+async def rollback(harness: tt.Harness, task_id: str, version: int, redo_side_effects: bool) -> None:
     """Roll a task back to a kept version."""
-    harness = _harness(ctx)
     await harness.rollback(task_id, version, redo_side_effects=redo_side_effects)
     info = await harness.get(task_id)
-    await harness.close()
     click.echo(f"{task_id}: rolled back to {version}; now {info.record.status.value}"
                f" at version {info.version}")
 
@@ -307,13 +290,10 @@ async def rollback(ctx: click.Context, task_id: str, version: int, redo_side_eff
 @main.command()
 @click.argument("task_id")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True)
-@click.pass_context
-@run
-async def export(ctx: click.Context, task_id: str, output: str) -> None:
+@harness_command
+async def export(harness: tt.Harness, task_id: str, output: str) -> None:
     """Write the task's handoff bundle (R26) to a JSON file."""
-    harness = _harness(ctx)
     bundle = await harness.export(task_id)
-    await harness.close()
     Path(output).write_bytes(dumps_bundle(bundle))
     click.echo(f"wrote {output} ({len(bundle['history'])} dialog rows,"
                f" {len(bundle['events'])} events)")
@@ -321,14 +301,11 @@ async def export(ctx: click.Context, task_id: str, output: str) -> None:
 
 @main.command()
 @click.argument("task_id")
-@click.pass_context
-@run
-async def cancel(ctx: click.Context, task_id: str) -> None:
+@harness_command
+async def cancel(harness: tt.Harness, task_id: str) -> None:
     """Cancel a task (a side-effecting call in flight is let finish first)."""
-    harness = _harness(ctx)
     await harness.cancel(task_id)
     info = await harness.get(task_id)
-    await harness.close()
     click.echo(f"{task_id}: {info.record.status.value}")
 
 
@@ -337,8 +314,7 @@ async def cancel(ctx: click.Context, task_id: str) -> None:
 @click.pass_context
 def protocol(ctx: click.Context, as_json: bool) -> None:
     """Print the interruption protocol table (R24)."""
-    harness = _harness(ctx)
-    table = harness.protocol.table()
+    table = _harness(ctx).protocol.table()
     if as_json:
         _print_json({k: {"priority": int(r.priority), "coalesce": r.coalesce}
                      for k, r in table.items()})

@@ -237,21 +237,14 @@ async def _give_up(runner: Runner, call: CallState, fingerprint: str) -> None:
 
 
 async def _recover_call(runner: Runner, call: CallState, fingerprint: str) -> None:
-    rec = runner.snap.recovery
-    if fingerprint in rec.fingerprints:
-        await hand_to_person(runner, f"{call.tool} failed again the same way ({call.error});"
-                             f" fingerprint {fingerprint} seen before, so it is not retried (R22)")
+    delay = await _next_recovery(runner, fingerprint, f"{call.tool}: {call.error}")
+    if delay is None:
         return
-    if not await _count_attempt(runner, f"{call.tool}: {call.error}"):
-        await runner.commit()
-        return
-    rec.fingerprints.append(fingerprint)
-    delay = runner.settings.recovery_backoff * (2 ** (rec.attempts - 1))
     call.status = "failed"
     call.attempt = 0
     call.retry_at = time.time() + delay
     runner.log_recovery("retry_backoff", detail=f"{call.tool} gave up ({call.error}); retrying"
-                        f" in {delay:.2f}s, recovery {rec.attempts} of"
+                        f" in {delay:.2f}s, recovery {runner.snap.recovery.attempts} of"
                         f" {runner.settings.max_recovery_attempts}")
     await runner.commit()
 
@@ -259,22 +252,29 @@ async def _recover_call(runner: Runner, call: CallState, fingerprint: str) -> No
 async def plan_failed(runner: Runner, error: Exception) -> None:
     """The agent's plan (often a model call) raised: retry with backoff, stop on a repeat (R22)."""
     agent = runner.snap.frame.agent
-    fingerprint = failure_fingerprint(f"plan:{agent}", error)
-    rec = runner.snap.recovery
     text = describe_error(error)
-    if fingerprint in rec.fingerprints:
-        await hand_to_person(runner, f"planning by agent {agent!r} failed again the same way"
-                             f" ({text}); fingerprint {fingerprint} seen before (R22)")
+    fingerprint = failure_fingerprint(f"plan:{agent}", error)
+    delay = await _next_recovery(runner, fingerprint, f"planning by agent {agent!r}: {text}")
+    if delay is None:
         return
-    if not await _count_attempt(runner, f"plan of {agent}: {text}"):
-        await runner.commit()
-        return
-    rec.fingerprints.append(fingerprint)
-    delay = runner.settings.recovery_backoff * (2 ** (rec.attempts - 1))
-    rec.retry_at = time.time() + delay
+    runner.snap.recovery.retry_at = time.time() + delay
     runner.log_recovery("retry_plan", detail=f"agent {agent} failed to plan ({text});"
                         f" retrying in {delay:.2f}s")
     await runner.commit()
+
+
+async def _next_recovery(runner: Runner, fingerprint: str, failure: str) -> float | None:
+    """The backoff before the next recovery, or None once the task was handed over (R12, R22)."""
+    rec = runner.snap.recovery
+    if fingerprint in rec.fingerprints:
+        await hand_to_person(runner, f"{failure} failed again the same way; fingerprint"
+                             f" {fingerprint} seen before, so it is not retried (R22)")
+        return None
+    if not await _count_attempt(runner, failure):
+        await runner.commit()
+        return None
+    rec.fingerprints.append(fingerprint)
+    return runner.settings.recovery_backoff * float(2 ** (rec.attempts - 1))
 
 
 def progress_made(runner: Runner) -> None:
