@@ -1,0 +1,97 @@
+"""The `tether` command line against a real SQLite file (R26 levers, R2 answers, R24 table)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tether.cli import main
+
+
+@pytest.fixture
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("TETHER_STORE", f"sqlite:///{tmp_path / 'cli.db'}")
+    monkeypatch.setenv("TETHER_DEMO_LEDGER", str(tmp_path / "ledger.db"))
+    runner = CliRunner()
+
+    def invoke(*args: str, ok: bool = True) -> str:
+        result = runner.invoke(main, list(args), catch_exceptions=False)
+        assert (result.exit_code == 0) is ok, result.output
+        return result.output
+
+    return invoke
+
+
+def test_submit_run_show_and_list_as_json(cli) -> None:  # type: ignore[no-untyped-def]
+    """R2: `show --json` says the status, step and result of a task the worker ran."""
+    task_id = cli("submit", "report", "--input", '{"report": "FY25"}').strip()
+    cli("worker", "--until-idle")
+    shown = json.loads(cli("show", task_id, "--json"))
+    assert shown["snapshot"]["status"] == "completed"
+    assert set(shown["snapshot"]["result"]) == {"extract_metrics", "compare_history", "write_summary"}
+    listed = json.loads(cli("ls", "--json", "--status", "completed"))
+    assert [t["task_id"] for t in listed] == [task_id]
+    history = json.loads(cli("history", task_id, "--json"))
+    assert sum(1 for row in history if row.get("event") == "spawn") == 4
+
+
+def test_needs_human_then_resume_with_patch_then_export(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """R26: a parked task is resumed from the CLI with a patch, and its bundle is exported."""
+    task_id = cli("submit", "inventory").strip()
+    cli("worker", "--until-idle")
+    assert json.loads(cli("ls", "--json"))[0]["status"] == "needs_human"
+    assert "running" in cli("resume", task_id, "--message", "use the mirror",
+                            "--patch", '{"source": "mirror"}')
+    cli("worker", "--until-idle")
+    assert json.loads(cli("show", task_id, "--json"))["snapshot"]["result"]["source"] == "mirror"
+    out = tmp_path / "bundle.json"
+    cli("export", task_id, "-o", str(out))
+    bundle = json.loads(out.read_text())
+    assert bundle["task"]["task_id"] == task_id
+    assert any(r["resume_strategy"] == "human_resume" for r in bundle["recovery_log"])
+
+
+def test_emit_dedup_and_versions_and_rollback(cli) -> None:  # type: ignore[no-untyped-def]
+    """R6, R14: a repeated source_event_id is reported as duplicate; a rollback names the version."""
+    task_id = cli("submit", "contracts", "--input", '{"files": ["contract-01.pdf"]}').strip()
+    assert "stored" in cli("emit", task_id, "user_message", "--payload", '"hi"',
+                           "--source-event-id", "m-1")
+    assert "duplicate" in cli("emit", task_id, "user_message", "--payload", '"hi"',
+                              "--source-event-id", "m-1")
+    cli("worker", "--until-idle")
+    kept = json.loads(cli("versions", task_id, "--json"))
+    assert len(kept) >= 3
+    out = cli("rollback", task_id, "--to", str(kept[0]["version"]))
+    assert f"rolled back to {kept[0]['version']}" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("show", "nope"), "no task 'nope'"),
+        (("submit", "nosuch"), "no agent 'nosuch'"),
+        (("emit", "nope", "made_up_type"), "not in the interruption protocol"),
+        (("rollback", "nope", "--to", "1"), "no task 'nope'"),
+    ],
+)
+def test_errors_are_one_clear_line_and_exit_1(cli, args: tuple[str, ...], message: str) -> None:  # type: ignore[no-untyped-def]
+    """Bad input gets a clear error naming the problem and a non-zero exit, no traceback."""
+    out = cli(*args, ok=False)
+    assert message in " ".join(out.split())
+    assert "Traceback" not in out
+
+
+def test_bad_json_input_is_refused_before_anything_is_stored(cli) -> None:  # type: ignore[no-untyped-def]
+    out = cli("submit", "report", "--input", "{not json", ok=False)
+    assert "--input is not valid JSON" in out
+    assert json.loads(cli("ls", "--json")) == []
+
+
+def test_protocol_table_lists_priorities(cli) -> None:  # type: ignore[no-untyped-def]
+    """R24: the interruption protocol is printable from one place."""
+    table = json.loads(cli("protocol", "--json"))
+    assert table["user_interrupt"]["priority"] == 0
+    assert table["heartbeat"]["priority"] == 4
