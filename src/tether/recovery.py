@@ -67,6 +67,10 @@ async def restore(runner: Runner) -> None:
     if crashed or in_doubt:
         failpoint("during_recovery")
         if crashed:
+            # The store counted this crash at claim time, so a worker that dies while
+            # recovering (before any commit) still uses up the budget.
+            runner.snap.recovery.attempts = max(runner.snap.recovery.attempts,
+                                                runner.claim.crashes - 1)
             if not await _count_attempt(runner, "the worker running it died (lease expired)"):
                 return
             runner.log_recovery("resume", detail=f"restored version {runner.version} at step"
@@ -279,6 +283,7 @@ async def _next_recovery(runner: Runner, fingerprint: str, failure: str) -> floa
 
 def progress_made(runner: Runner) -> None:
     """A step succeeded: the recovery budget is per resume point, so it starts afresh."""
+    runner.mark_progress()
     rec = runner.snap.recovery
     if rec.attempts or rec.fingerprints:
         rec.attempts = 0

@@ -74,6 +74,7 @@ class Runner:
         self._log: list[dict[str, Any]] = []
         self._unsaved_steps = 0
         self._committed = False
+        self._progress = False
 
     # ------------------------------------------------------------------ loading
 
@@ -357,6 +358,10 @@ class Runner:
 
     # ------------------------------------------------------------------ state changes
 
+    def mark_progress(self) -> None:
+        """The next commit moves the task forward (the store's crash counter starts again)."""
+        self._progress = True
+
     def put_first(self, action: Action) -> None:
         """Run *action* before the frame's recorded work, keeping that work (the to-do list).
 
@@ -406,7 +411,8 @@ class Runner:
         checkpoint = Checkpoint(
             head=snap.dumps(), status=snap.status, history=self._rows,
             events_done=self._events_done, idempotency=self._idempotency,
-            recovery_log=self._log, wake_at=self._wake_at(), reason=reason)
+            recovery_log=self._log, wake_at=self._wake_at(), reason=reason,
+            progress=self._progress)
         try:
             self.version = await self.store.commit(
                 self.claim, checkpoint, self.settings.keep_versions,
@@ -418,6 +424,7 @@ class Runner:
         self._rows, self._events_done, self._idempotency, self._log = [], [], [], []
         self._unsaved_steps = 0
         self._committed = True
+        self._progress = False
         recovery.emit_log_records(checkpoint.recovery_log, self.version)
 
     def _wake_at(self) -> float | None:

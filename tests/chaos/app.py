@@ -28,6 +28,7 @@ Environment (read by :func:`main`):
 - ``TETHER_CHAOS_SLOW_TOOL`` / ``TETHER_CHAOS_SLOW``  that tool prints
                                  ``IN_TOOL <order>`` after its ledger write and
                                  then blocks for that many seconds.
+- ``TETHER_CHAOS_RECONCILE_KILL=1``  reconcile hooks SIGKILL their own process.
 - ``TETHER_CHAOS_TOOL_DELAY``    seconds every tool sleeps before its write.
 - ``TETHER_CHAOS_GATE``          a path: after READY, wait until it exists.
 - ``TETHER_CHAOS_DEADLINE``      drain mode gives up (exit 3) after this long.
@@ -43,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sqlite3
 import sys
 import time
@@ -227,6 +229,8 @@ def build_harness(db: str | Path, ledger: str | Path, unsafe: bool = False) -> t
         )
 
     def find(column: str, key: str) -> dict[str, Any] | None:
+        if os.environ.get("TETHER_CHAOS_RECONCILE_KILL") == "1":
+            os.kill(os.getpid(), signal.SIGKILL)  # the provider's SDK takes the process down
         rows = ledger_query(ledger, f"SELECT order_id, amount FROM refunds WHERE {column} = ?",
                             (key,))
         return refund_result(rows[0][0], rows[0][1]) if rows else None

@@ -11,7 +11,6 @@ checks can fail.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.util
 import json
 import os
@@ -21,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -116,7 +115,8 @@ class Child:
         self.lines.put(None)
 
     def stderr(self) -> str:
-        self._stderr.flush()
+        if not self._stderr.closed:
+            self._stderr.flush()
         return self.stderr_path.read_text(errors="replace")[-4000:]
 
     def expect(self, prefix: str, timeout: float = CHILD_TIMEOUT) -> str:
@@ -243,8 +243,8 @@ def wait_for_status(paths: Paths, task_id: str, status: str, timeout: float = 10
         time.sleep(0.05)
 
 
-def refund_problems(ledger: Path, once: list[str] = (), never: list[str] = (),  # type: ignore[assignment]
-                    at_most_once: list[str] = ()) -> list[str]:  # type: ignore[assignment]
+def refund_problems(ledger: Path, once: Sequence[str] = (), never: Sequence[str] = (),
+                    at_most_once: Sequence[str] = ()) -> list[str]:
     """THE checker: every problem with the provider's ledger, as readable lines.
 
     ``once``: orders that must have been paid exactly once; ``never``: not at
@@ -594,3 +594,86 @@ def test_negative_control_unprotected_refund_is_paid_twice_and_the_checker_says_
     assert "rerun_idempotent" in st.strategies
     problems = refund_problems(paths.ledger, once=MIXED_REFUNDS)  # ...but the checker is
     assert problems == ["order o1 refunded 2 times, expected exactly once"]
+
+
+# ---------------------------------------------------------------------- crash loops and ghosts
+
+
+def test_three_rescuers_at_once_recover_a_crashed_task_exactly_once(
+        paths: Paths, children: Callable[..., Child]) -> None:
+    """R21: several workers see the same dead lease; one recovery, one reconcile, one refund."""
+    submit(paths, "refunder", {"calls": MIXED_CALLS}, "t1")
+    doomed = children(paths, "drain", failpoints="inside_tool@2")
+    doomed.expect("READY")
+    doomed.assert_killed()
+    gate = paths.dir / "go"
+    rescuers = [children(paths, "drain", env={"TETHER_CHAOS_GATE": str(gate)}) for _ in range(3)]
+    for rescuer in rescuers:
+        rescuer.expect("READY")
+    gate.touch()
+    for rescuer in rescuers:
+        rescuer.assert_clean_exit()
+    st = state(paths, "t1")
+    assert st.status == "completed", (st.status, st.reason)
+    assert refund_problems(paths.ledger, once=MIXED_REFUNDS) == []
+    assert st.strategies.count("resume") == 1, st.strategies
+    assert st.strategies.count("reconcile") == 1, st.strategies
+
+
+def test_tool_that_kills_every_worker_ends_in_needs_human(
+        paths: Paths, children: Callable[..., Child]) -> None:
+    """A poison call (the process dies inside it every time) must not crash workers forever (R12).
+
+    Run 1 dies on the first try; runs 2-4 are recoveries 1-3 (max_recovery_attempts=3)
+    and die too; run 5 is recovery 4 and must hand the task to a person instead of
+    calling the tool again, though it is armed to die there as well.
+    """
+    submit(paths, "refunder", {"calls": [["lookup", "p0", 0]]}, "poison")
+    for _ in range(4):
+        doomed = children(paths, "drain", failpoints="inside_tool@1")
+        doomed.expect("READY")
+        doomed.assert_killed()
+    last = children(paths, "drain", failpoints="inside_tool@1")
+    last.expect("READY")
+    last.assert_clean_exit()
+    st = state(paths, "poison")
+    assert st.status == "needs_human", (st.status, st.strategies)
+    assert st.reason is not None and "gave up after 3 recoveries" in st.reason, st.reason
+    assert app.lookup_counts(paths.ledger)["p0"] == 4
+
+
+RECOVERY_DEATHS = {
+    "during_recovery_failpoint": ({}, "during_recovery@1"),
+    "reconcile_hook_kills_process": ({"TETHER_CHAOS_RECONCILE_KILL": "1"}, None),
+}
+
+
+@pytest.mark.parametrize("death", list(RECOVERY_DEATHS))
+def test_worker_dying_during_recovery_still_uses_up_the_recovery_budget(
+        paths: Paths, children: Callable[..., Child], death: str) -> None:
+    """R12 + E5: every expired lease is a recovery attempt, even one that died while recovering.
+
+    The refund o1 is in doubt after the first kill. Workers 2-4 each die inside the
+    recovery -- at the ``during_recovery`` failpoint, or because the tool's reconcile
+    hook takes the process down -- i.e. three crashed recoveries. Worker 5 is the
+    fourth recovery of the same resume point: past max_recovery_attempts=3 it must
+    hand the task to a person, not go on recovering. (If crashes during recovery are
+    never counted, a task whose recovery kills the process loops forever.)
+    """
+    submit(paths, "refunder", {"calls": MIXED_CALLS}, "t1")
+    first = children(paths, "drain", failpoints="inside_tool@2")
+    first.expect("READY")
+    first.assert_killed()
+    env, failpoints = RECOVERY_DEATHS[death]
+    for _ in range(3):
+        doomed = children(paths, "drain", failpoints=failpoints, env=env)
+        doomed.expect("READY")
+        doomed.assert_killed()
+    last = children(paths, "drain")
+    last.expect("READY")
+    last.assert_clean_exit()
+    st = state(paths, "t1")
+    # whatever happens, never twice
+    assert refund_problems(paths.ledger, once=["o1"], at_most_once=["o2", "o4"]) == []
+    assert st.status == "needs_human", (st.status, st.strategies)
+    assert st.reason is not None and "gave up after 3 recoveries" in st.reason, st.reason

@@ -25,6 +25,9 @@ class Claim:
     fence: int
     crashed: bool
     """True when the previous holder's lease expired instead of being released (a crash)."""
+    crashes: int = 0
+    """Crashed claims in a row since the task last made progress, counted by the store at
+    claim time, so a worker that dies while recovering still uses up the budget (R12)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,8 @@ class Checkpoint:
     recovery_log: list[dict[str, Any]] = field(default_factory=list)
     wake_at: float | None = None
     reason: str | None = None
+    progress: bool = False
+    """The step moved the task forward: the store's crash counter starts again."""
 
 
 @dataclass(frozen=True)

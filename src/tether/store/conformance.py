@@ -236,6 +236,25 @@ class StoreConformance:
         assert again is not None and again.task_id == "t1"
         assert again.crashed is True
 
+    async def test_crashes_counted_at_claim_and_reset_by_progress(self, store: Store) -> None:
+        """R12: each expired lease is counted by the store when the task is claimed again, even
+        if the claimer dies before committing; a commit that made progress starts the count again."""
+        now = time.time()
+        await make_task(store, "t1")
+        lease = await claim(store, "t1", now)
+        await commit(store, lease, Status.RUNNING, now)
+        counts = []
+        for n in range(1, 4):
+            later = now + n * 3 * LEASE
+            taken = await store.claim("w2", later, LEASE)
+            assert taken is not None and taken.crashed
+            counts.append(taken.crashes)
+            lease = taken
+        assert counts == [1, 2, 3]
+        await commit(store, lease, Status.RUNNING, now + 12 * LEASE, progress=True)
+        again = await store.claim("w3", now + 20 * LEASE, LEASE)
+        assert again is not None and again.crashed and again.crashes == 1
+
     async def test_not_crashed_after_clean_release(self, store: Store) -> None:
         """E5: a cleanly released lease is not a crash, and the task is claimable at once."""
         now = time.time()

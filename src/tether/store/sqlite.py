@@ -159,12 +159,13 @@ class SQLiteStore:
         owner, status = db.execute(
             "SELECT lease_owner, status FROM tasks WHERE task_id = ?", (task_id,)
         ).fetchone()
-        fence = db.execute(
-            "UPDATE tasks SET lease_owner = ?, lease_until = ?, fence = fence + 1, wake_at = NULL"
-            " WHERE task_id = ? RETURNING fence",
-            (worker, now + lease, task_id),
-        ).fetchone()[0]
-        return Claim(task_id, int(fence), crashed=owner is not None and status == "running")
+        crashed = owner is not None and status == "running"
+        fence, crashes = db.execute(
+            "UPDATE tasks SET lease_owner = ?, lease_until = ?, fence = fence + 1, wake_at = NULL,"
+            " crashes = crashes + ? WHERE task_id = ? RETURNING fence, crashes",
+            (worker, now + lease, int(crashed), task_id),
+        ).fetchone()
+        return Claim(task_id, int(fence), crashed=crashed, crashes=int(crashes))
 
     def _check_fence(self, db: sqlite3.Connection, claim: Claim) -> int:
         row = db.execute(
@@ -230,9 +231,9 @@ class SQLiteStore:
                 )
             db.execute(
                 "UPDATE tasks SET status = ?, updated_at = ?, head_version = ?, reason = ?,"
-                " wake_at = ?, lease_until = ? WHERE task_id = ?",
+                " wake_at = ?, lease_until = ?, crashes = crashes * ? WHERE task_id = ?",
                 (checkpoint.status.value, now, version, checkpoint.reason, checkpoint.wake_at,
-                 lease_until, task_id),
+                 lease_until, int(not checkpoint.progress), task_id),
             )
             if version > keep:
                 db.execute(

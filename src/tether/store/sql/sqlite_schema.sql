@@ -17,6 +17,7 @@ CREATE TABLE IF NOT EXISTS tasks (
     lease_owner  TEXT,
     lease_until  REAL,
     fence        INTEGER NOT NULL DEFAULT 0,
+    crashes      INTEGER NOT NULL DEFAULT 0,
     max_epoch    INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS tasks_by_status ON tasks (status, wake_at);
