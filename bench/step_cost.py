@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import statistics
 import tempfile
 import time
@@ -62,7 +63,7 @@ async def run_one(store: SQLiteStore, steps: int) -> dict[str, Any]:
     started = time.perf_counter()
     await harness.run_until_idle(concurrency=1)
     total = time.perf_counter() - started
-    deltas = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    deltas = [b - a for a, b in itertools.pairwise(stamps)]
     await harness.close()
     return {"median_ms": statistics.median(deltas) * 1000, "total_s": total}
 
