@@ -71,6 +71,10 @@ class CorruptSnapshot(TetherError):
     """A stored snapshot could not be read back."""
 
 
+class SnapshotTooNew(TetherError):
+    """A stored snapshot was written by a newer tether; this worker leaves the task alone."""
+
+
 class StoreError(TetherError):
     """The store failed to carry out an operation."""
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from tether.errors import CorruptSnapshot, IllegalTransition, InvalidInput
+from tether.errors import CorruptSnapshot, IllegalTransition, InvalidInput, SnapshotTooNew
 
 SNAPSHOT_FORMAT = 1
 """Bumped whenever the head's layout changes; stored in every snapshot."""
@@ -309,13 +309,39 @@ class Snapshot:
         """Decode a stored head; any damage becomes :class:`CorruptSnapshot` naming it."""
         try:
             raw = orjson.loads(data)
-            if raw.get("format") != SNAPSHOT_FORMAT:
-                raise ValueError(f"unknown snapshot format {raw.get('format')!r}")
+            _check_not_newer(raw, task_id, version)
             return _snapshot_from_dict(raw)
+        except SnapshotTooNew:
+            raise
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise CorruptSnapshot(
                 f"task {task_id} version {version}: snapshot is unreadable ({exc})"
             ) from exc
+
+
+def _check_not_newer(raw: Any, task_id: str, version: int) -> None:
+    """Refuse a head written by newer code instead of mistaking it for damage (E8).
+
+    Treating it as corrupt would fall back to an older version and lose work
+    during a rolling deploy; refusing leaves it for an up-to-date worker.
+    """
+    if not isinstance(raw, dict):
+        raise ValueError("snapshot head is not a JSON object")
+    fmt = raw.get("format")
+    if isinstance(fmt, int) and fmt > SNAPSHOT_FORMAT:
+        raise SnapshotTooNew(f"task {task_id} version {version}: snapshot format {fmt} is newer"
+                             f" than this tether understands ({SNAPSHOT_FORMAT}); upgrade the worker")
+    if fmt != SNAPSHOT_FORMAT:
+        raise ValueError(f"unknown snapshot format {fmt!r}")
+    unknown = set(raw) - _FIELDS[Snapshot]
+    for frame in raw.get("stack") or []:
+        unknown |= set(frame) - _FIELDS[Frame] if isinstance(frame, dict) else set()
+    for name, cls in (("call", CallState), ("recovery", RecoveryState)):
+        if isinstance(raw.get(name), dict):
+            unknown |= set(raw[name]) - _FIELDS[cls]
+    if unknown:
+        raise SnapshotTooNew(f"task {task_id} version {version}: snapshot has fields this tether"
+                             f" does not know ({', '.join(sorted(unknown))}); upgrade the worker")
 
 
 def _snapshot_from_dict(raw: dict[str, Any]) -> Snapshot:
@@ -325,6 +351,12 @@ def _snapshot_from_dict(raw: dict[str, Any]) -> Snapshot:
     raw["resources"] = [Resource(**res) for res in raw["resources"]]
     raw["recovery"] = RecoveryState(**raw["recovery"])
     return Snapshot(**raw)
+
+
+_FIELDS: dict[type[Any], set[str]] = {
+    cls: {f.name for f in dataclasses.fields(cls)}
+    for cls in (Snapshot, Frame, CallState, RecoveryState)
+}
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from tether.errors import LeaseLost, TetherError
+from tether.errors import LeaseLost, SnapshotTooNew, TetherError
 from tether.model import Status
 from tether.recovery import hand_to_person
 from tether.runner import Runner
@@ -126,6 +126,11 @@ async def run_claimed(harness: Harness, claim: Claim, steps: bool = True) -> Sta
             status = runner.snap.status
         await harness.store.release(claim)
     except LeaseLost:
+        return None
+    except SnapshotTooNew as error:
+        harness.log.error("%s", error)
+        with contextlib.suppress(LeaseLost):
+            await harness.store.release(claim)
         return None
     except Exception as error:  # agent or tool code may raise anything; park it for a person
         harness.log.exception("task %s: unexpected error; handing it to a person", claim.task_id)

@@ -177,7 +177,7 @@ def test_minimal_snapshot_round_trips() -> None:
         b"\x00\xffnot json",
         b"[1, 2, 3]",
         b"{}",
-        b'{"format": 999}',
+        b'{"format": "one"}',
         orjson.dumps({"format": SNAPSHOT_FORMAT, "task_id": "t1"}),
         _full_snapshot().dumps()[:-20],
         _full_snapshot().dumps().replace(b'"waiting"', b'"sleeping"'),
@@ -240,3 +240,22 @@ def test_event_to_dict() -> None:
                   source_event_id="s1", id=5, created_at=10.0)
     assert event.to_dict() == {"id": 5, "type": "approval", "task_id": "t1", "payload": {"ok": True},
                                "priority": 1, "source_event_id": "s1", "created_at": 10.0}
+
+
+def test_snapshot_from_newer_code_is_refused_not_treated_as_corrupt() -> None:
+    """E8: a head with a newer format or unknown fields raises SnapshotTooNew (not CorruptSnapshot),
+    so an old worker never falls back to an older version and loses a newer worker's work."""
+    import orjson as _orjson
+
+    from tether.errors import SnapshotTooNew
+    from tether.model import SNAPSHOT_FORMAT, Frame, Snapshot
+
+    snap = Snapshot(task_id="t", agent="a", input=None, stack=[Frame(agent="a")])
+    newer = _orjson.loads(snap.dumps())
+    newer["format"] = SNAPSHOT_FORMAT + 1
+    with pytest.raises(SnapshotTooNew, match="upgrade the worker"):
+        Snapshot.loads(_orjson.dumps(newer), "t", 3)
+    extra = _orjson.loads(snap.dumps())
+    extra["stack"][0]["budget"] = 5
+    with pytest.raises(SnapshotTooNew, match="budget"):
+        Snapshot.loads(_orjson.dumps(extra), "t", 3)
