@@ -35,8 +35,11 @@ console = Console()
 DEFAULT_APP = "tether.examples:demo_app"
 
 
-def load_app(spec: str, store: str) -> tt.Harness:
-    """Import ``module:attribute``: a Harness, or a factory called with the store URL."""
+def load_app(spec: str, store: str, store_given: bool = True) -> tt.Harness:
+    """Import ``module:attribute``: a Harness, or a factory called with the store URL.
+
+    A Harness keeps the store it was built with unless ``--store``/``TETHER_STORE`` is given.
+    """
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise click.UsageError(f"--app {spec!r} must look like 'package.module:harness'")
@@ -46,7 +49,7 @@ def load_app(spec: str, store: str) -> tt.Harness:
     except (ImportError, AttributeError) as exc:
         raise click.UsageError(f"cannot load app {spec!r}: {exc}") from exc
     if isinstance(target, tt.Harness):
-        if target._store is None:
+        if store_given and target._store is None:
             target._store_arg = store
         return target
     if callable(target):
@@ -113,11 +116,13 @@ def _when(ts: float | None) -> str:
 @click.pass_context
 def main(ctx: click.Context, store: str, app: str) -> None:
     """tether: agents that survive being interrupted."""
-    ctx.obj = {"store": store, "app": app}
+    source = ctx.get_parameter_source("store")
+    ctx.obj = {"store": store, "app": app,
+               "store_given": source is not click.core.ParameterSource.DEFAULT}
 
 
 def _harness(ctx: click.Context) -> tt.Harness:
-    return load_app(ctx.obj["app"], ctx.obj["store"])
+    return load_app(ctx.obj["app"], ctx.obj["store"], ctx.obj["store_given"])
 
 
 @main.command()
@@ -141,12 +146,21 @@ def demo(keep: bool) -> None:
         raise SystemExit(1)
 
 
+def _app_argument(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value:
+        ctx.obj["app"] = value
+
+
 @main.command()
+@click.argument("app", required=False, expose_value=False, callback=_app_argument)
 @click.option("--concurrency", default=4, show_default=True, help="Tasks run at once.")
 @click.option("--until-idle", is_flag=True, help="Exit when no task has work left.")
 @harness_command
 async def worker(harness: tt.Harness, concurrency: int, until_idle: bool) -> None:
-    """Claim, run and recover tasks (any number of workers may share a store)."""
+    """Claim, run and recover tasks of APP (module:harness; default --app).
+
+    Any number of workers, in one process or many, may share a store.
+    """
     if until_idle:
         await harness.run_until_idle(concurrency=concurrency)
     else:

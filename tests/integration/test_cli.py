@@ -95,3 +95,22 @@ def test_protocol_table_lists_priorities(cli) -> None:  # type: ignore[no-untype
     table = json.loads(cli("protocol", "--json"))
     assert table["user_interrupt"]["priority"] == 0
     assert table["heartbeat"]["priority"] == 4
+
+
+def test_worker_takes_the_app_as_an_argument(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """`tether worker myapp:harness` loads the user's harness from an import path."""
+    (tmp_path / "myapp.py").write_text(
+        "import tether as tt\n"
+        "harness = tt.Harness()\n"
+        "@harness.agent('hello')\n"
+        "class Hello(tt.Agent):\n"
+        "    async def plan(self, task):\n"
+        "        return tt.Finish('hello from myapp')\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    task_id = cli("--app", "myapp:harness", "submit", "hello").strip()
+    cli("worker", "myapp:harness", "--until-idle")
+    shown = json.loads(cli("show", task_id, "--json"))
+    assert shown["snapshot"]["result"] == "hello from myapp"
+    out = cli("worker", "nosuchmodule:harness", "--until-idle", ok=False)
+    assert "cannot load app" in out
