@@ -1,0 +1,344 @@
+"""Conformance: the task index, leases and fencing, checkpoints, versions and history (R13, R14)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tether.errors import (
+    LeaseLost,
+    TaskNotFound,
+    TetherError,
+    VersionNotFound,
+)
+from tether.model import IdempotencyRecord, Snapshot, Status, TaskRecord
+from tether.store.base import Checkpoint, Claim, HistoryRow, Store
+from tether.store.conformance.helpers import (
+    KEEP,
+    LEASE,
+    claim,
+    commit,
+    event,
+    head,
+    limits,
+    make_task,
+    park,
+)
+
+
+class TaskConformance:
+    """Tasks, leases, checkpoints. Needs a ``store`` fixture."""
+
+    async def test_create_and_get_task(self, store: Store) -> None:
+        """R13: a created task is readable with its index row and version-1 head."""
+        record = await make_task(store, "t1", created_at=1000.0)
+        got = await store.get_task("t1")
+        assert got == record
+        assert got.head_version == 1
+        assert got.lease_owner is None and got.lease_until is None
+        version, data = await store.load_head("t1")
+        assert version == 1
+        assert data == head("t1")
+        snap = Snapshot.loads(data, "t1", version)
+        assert snap.task_id == "t1" and snap.input == {"q": "t1"}
+
+    async def test_get_unknown_task_raises_task_not_found_naming_it(self, store: Store) -> None:
+        """R13: asking for a task that does not exist raises TaskNotFound naming the id."""
+        with pytest.raises(TaskNotFound, match="ghost"):
+            await store.get_task("ghost")
+
+    async def test_create_duplicate_task_raises_tether_error_and_keeps_original(
+        self, store: Store
+    ) -> None:
+        """R13: creating a task id twice is refused with a TetherError; the first task is intact."""
+        original = await make_task(store, "dup", created_at=1000.0)
+        clash = TaskRecord("dup", "other", Status.PENDING, 2000.0, 2000.0, 1)
+        with pytest.raises(TetherError):
+            await store.create_task(clash, head("dup", step=99))
+        assert await store.get_task("dup") == original
+        assert (await store.load_head("dup"))[1] == head("dup")
+
+    async def test_list_tasks_newest_first_with_status_filter_and_limit(self, store: Store) -> None:
+        """R2: listings show tasks newest first, optionally of one status, up to a limit."""
+        now = time.time()
+        await make_task(store, "old", created_at=now - 30)
+        await make_task(store, "mid", created_at=now - 20)
+        await make_task(store, "new", created_at=now - 10)
+        await park(store, "mid", Status.WAITING, now)
+        assert [t.task_id for t in await store.list_tasks()] == ["new", "mid", "old"]
+        assert [t.task_id for t in await store.list_tasks(limit=2)] == ["new", "mid"]
+        assert [t.task_id for t in await store.list_tasks(Status.PENDING)] == ["new", "old"]
+        waiting = await store.list_tasks(Status.WAITING)
+        assert [t.task_id for t in waiting] == ["mid"]
+        assert waiting[0].status is Status.WAITING
+        assert await store.list_tasks(Status.COMPLETED) == []
+
+    async def test_count_by_status(self, store: Store) -> None:
+        """R2: counts of tasks per status."""
+        now = time.time()
+        for name in ("a", "b", "c"):
+            await make_task(store, name)
+        await park(store, "c", Status.COMPLETED, now)
+        assert await store.count_by_status() == {"pending": 2, "completed": 1}
+
+    async def test_wake_all_makes_parked_tasks_claimable(self, store: Store) -> None:
+        """R26, E7: wake_all marks every task of a status due; each becomes claimable once."""
+        now = time.time()
+        for name in ("a", "b", "c"):
+            await make_task(store, name)
+        await park(store, "a", Status.NEEDS_HUMAN, now)
+        await park(store, "b", Status.NEEDS_HUMAN, now)
+        await park(store, "c", Status.WAITING, now)
+        assert await store.claim("w2", now + 1, LEASE) is None
+        assert await store.wake_all(Status.NEEDS_HUMAN, now + 2) == 2
+        assert await store.wake_all(Status.PAUSED, now + 2) == 0
+        first = await store.claim("w2", now + 3, LEASE)
+        second = await store.claim("w2", now + 3, LEASE)
+        assert first is not None and second is not None
+        assert {first.task_id, second.task_id} == {"a", "b"}
+        assert await store.claim("w2", now + 3, LEASE) is None
+
+    # ------------------------------------------------------------------ leases
+
+    async def test_claim_returns_none_without_work(self, store: Store) -> None:
+        """E7: an empty store (or one with only idle tasks) has nothing to claim."""
+        assert await store.claim("w1", time.time(), LEASE) is None
+        await make_task(store, "idle")
+        await park(store, "idle", Status.WAITING, time.time())
+        assert await store.claim("w1", time.time() + 1, LEASE) is None
+
+    async def test_claim_leases_task_once_until_it_expires(self, store: Store) -> None:
+        """R13, E5: a live lease keeps other workers out; after it expires the fence moves on."""
+        now = time.time()
+        await make_task(store, "t1")
+        first = await store.claim("w1", now, LEASE)
+        assert first is not None and first.task_id == "t1" and not first.crashed
+        record = await store.get_task("t1")
+        assert record.lease_owner == "w1"
+        assert record.lease_until == pytest.approx(now + LEASE)
+        assert await store.claim("w2", now + 1, LEASE) is None
+        assert await store.claim_task("t1", "w2", now + 1, LEASE) is None
+        second = await store.claim("w2", now + LEASE + 1, LEASE)
+        assert second is not None and second.task_id == "t1"
+        assert second.fence > first.fence
+        assert (await store.get_task("t1")).lease_owner == "w2"
+
+    async def test_claim_task_unknown_raises_task_not_found(self, store: Store) -> None:
+        """R13: claiming a task that does not exist raises TaskNotFound."""
+        with pytest.raises(TaskNotFound, match="ghost"):
+            await store.claim_task("ghost", "w1", time.time(), LEASE)
+
+    async def test_crashed_when_running_lease_expired(self, store: Store) -> None:
+        """E5: a running task whose lease expired (a crash) is claimed with crashed=True."""
+        now = time.time()
+        await make_task(store, "t1")
+        lease = await claim(store, "t1", now)
+        await commit(store, lease, Status.RUNNING, now)
+        again = await store.claim("w2", now + 2 * LEASE, LEASE)
+        assert again is not None and again.task_id == "t1"
+        assert again.crashed is True
+
+    async def test_crashes_counted_at_claim_and_reset_by_progress(self, store: Store) -> None:
+        """R12: each expired lease is counted by the store when the task is claimed again, even
+        if the claimer dies before committing; a commit that made progress starts the count again."""
+        now = time.time()
+        await make_task(store, "t1")
+        lease = await claim(store, "t1", now)
+        await commit(store, lease, Status.RUNNING, now)
+        counts = []
+        for n in range(1, 4):
+            later = now + n * 3 * LEASE
+            taken = await store.claim("w2", later, LEASE)
+            assert taken is not None and taken.crashed
+            counts.append(taken.crashes)
+            lease = taken
+        assert counts == [1, 2, 3]
+        await commit(store, lease, Status.RUNNING, now + 12 * LEASE, progress=True)
+        again = await store.claim("w3", now + 20 * LEASE, LEASE)
+        assert again is not None and again.crashed and again.crashes == 1
+
+    async def test_not_crashed_after_clean_release(self, store: Store) -> None:
+        """E5: a cleanly released lease is not a crash, and the task is claimable at once."""
+        now = time.time()
+        await make_task(store, "t1")
+        lease = await claim(store, "t1", now)
+        await commit(store, lease, Status.RUNNING, now)
+        await store.release(lease)
+        released = await store.get_task("t1")
+        assert released.lease_owner is None and released.lease_until is None
+        again = await store.claim_task("t1", "w2", now + 1, LEASE)
+        assert again is not None
+        assert again.crashed is False
+        assert again.fence > lease.fence
+
+    async def test_stale_commit_raises_lease_lost_and_writes_nothing(self, store: Store) -> None:
+        """R13, E5: a worker whose lease was taken over can never land a write."""
+        now = time.time()
+        await make_task(store, "t1")
+        await store.add_event(event("t1", payload="hi"), 1, limits(), now)
+        [pending] = await store.pending_events("t1")
+        assert pending.event.id is not None
+        stale = await claim(store, "t1", now, worker="w1")
+        fresh = await claim(store, "t1", now + 2 * LEASE, worker="w2")
+        assert fresh.fence > stale.fence
+        before = await store.get_task("t1")
+        checkpoint = Checkpoint(
+            head=head("t1", Status.COMPLETED, 7),
+            status=Status.COMPLETED,
+            history=[HistoryRow(0, 1, {"role": "assistant", "content": "late"})],
+            events_done=[(pending.event.id, "applied")],
+            idempotency=[IdempotencyRecord("t1:f:1", "t1", "pay", "h", "succeeded", 1)],
+            recovery_log=[{"task_id": "t1", "resume_strategy": "late"}],
+            reason="stale",
+        )
+        with pytest.raises(LeaseLost):
+            await store.commit(stale, checkpoint, KEEP, now + 3 * LEASE)
+        assert await store.get_task("t1") == before
+        assert [v for v, _, _ in await store.list_versions("t1")] == [1]
+        assert await store.read_history("t1", [[0, -1]]) == []
+        assert [e.event.id for e in await store.pending_events("t1")] == [pending.event.id]
+        assert await store.get_idempotency("t1:f:1") is None
+        assert await store.list_idempotency("t1") == []
+        assert await store.list_recovery_log("t1") == []
+        assert await commit(store, fresh, Status.RUNNING, now + 2 * LEASE) == 2
+
+    async def test_stale_renew_and_release_raise_lease_lost(self, store: Store) -> None:
+        """E5: renewing or releasing a lease another worker took over raises LeaseLost."""
+        now = time.time()
+        await make_task(store, "t1")
+        stale = await claim(store, "t1", now, worker="w1")
+        await claim(store, "t1", now + 2 * LEASE, worker="w2")
+        before = await store.get_task("t1")
+        with pytest.raises(LeaseLost):
+            await store.renew(stale, now + 10 * LEASE)
+        with pytest.raises(LeaseLost):
+            await store.release(stale)
+        assert await store.get_task("t1") == before
+
+    async def test_renew_extends_lease(self, store: Store) -> None:
+        """E5: a renewed lease keeps other workers out past its first expiry."""
+        now = time.time()
+        await make_task(store, "t1")
+        lease = await claim(store, "t1", now)
+        await store.renew(lease, now + 3 * LEASE)
+        assert (await store.get_task("t1")).lease_until == pytest.approx(now + 3 * LEASE)
+        assert await store.claim_task("t1", "w2", now + 2 * LEASE, LEASE) is None
+        assert await store.claim("w2", now + 2 * LEASE, LEASE) is None
+        assert await store.claim_task("t1", "w2", now + 4 * LEASE, LEASE) is not None
+
+    async def test_renew_after_release_raises_lease_lost(self, store: Store) -> None:
+        """E5: a released lease is no longer ours; renewing it must not re-take the task."""
+        now = time.time()
+        await make_task(store, "t1")
+        lease = await claim(store, "t1", now)
+        await store.release(lease)
+        with pytest.raises(LeaseLost):
+            await store.renew(lease, now + 10 * LEASE)
+        assert (await store.get_task("t1")).lease_until is None
+        assert await store.claim_task("t1", "w2", now + 1, LEASE) is not None
+
+    async def test_commit_for_unknown_task_raises_task_not_found(self, store: Store) -> None:
+        """R13: a commit naming a task that does not exist raises TaskNotFound."""
+        bogus = Claim("ghost", 1, crashed=False)
+        with pytest.raises(TaskNotFound):
+            await store.commit(bogus, Checkpoint(head=head("ghost"), status=Status.RUNNING), KEEP, 0.0)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    async def test_commit_writes_new_versions(self, store: Store) -> None:
+        """R14: every commit writes a new version; the task row follows the newest head."""
+        now = time.time()
+        await make_task(store, "t1")
+        lease = await claim(store, "t1", now)
+        assert await commit(store, lease, Status.RUNNING, now, step=1) == 2
+        assert await commit(store, lease, Status.WAITING, now, step=2, reason="approval",
+                            wake_at=now + 100) == 3
+        record = await store.get_task("t1")
+        assert record.head_version == 3
+        assert record.status is Status.WAITING
+        assert record.reason == "approval"
+        assert record.lease_until == pytest.approx(now + LEASE)
+        assert record.updated_at >= record.created_at
+        version, data = await store.load_head("t1")
+        assert version == 3 and Snapshot.loads(data, "t1", 3).step == 2
+        _, older = await store.load_head("t1", 2)
+        assert Snapshot.loads(older, "t1", 2).step == 1
+        assert Snapshot.loads(older, "t1", 2).status is Status.RUNNING
+
+    async def test_commit_prunes_to_keep_and_pruned_version_is_not_found(self, store: Store) -> None:
+        """R14: only the newest `keep` versions are kept; a pruned one raises VersionNotFound."""
+        now = time.time()
+        await make_task(store, "t1")
+        lease = await claim(store, "t1", now)
+        for step in range(1, 6):
+            await commit(store, lease, Status.RUNNING, now, step=step, keep=3)
+        assert [v for v, _, _ in await store.list_versions("t1")] == [4, 5, 6]
+        with pytest.raises(VersionNotFound, match="t1"):
+            await store.load_head("t1", 1)
+        with pytest.raises(VersionNotFound):
+            await store.load_head("t1", 3)
+        with pytest.raises(VersionNotFound):
+            await store.load_head("t1", 99)
+        version, data = await store.load_head("t1", 4)
+        assert version == 4 and Snapshot.loads(data, "t1", 4).step == 3
+        assert (await store.load_head("t1"))[0] == 6
+
+    async def test_load_head_of_unknown_task_raises_task_not_found(self, store: Store) -> None:
+        """R13: loading the head of a task that does not exist raises TaskNotFound, any version."""
+        with pytest.raises(TaskNotFound):
+            await store.load_head("ghost")
+        with pytest.raises(TaskNotFound):
+            await store.load_head("ghost", 1)
+
+    async def test_list_versions_oldest_first_with_time_and_size(self, store: Store) -> None:
+        """R14: kept versions come with timestamps and sizes, oldest first."""
+        now = time.time()
+        await make_task(store, "t1", created_at=now)
+        lease = await claim(store, "t1", now)
+        big = Checkpoint(head=head("t1", Status.RUNNING, 1, signals={"x": "y" * 500}),
+                         status=Status.RUNNING)
+        await store.commit(lease, big, KEEP, now + LEASE)
+        versions = await store.list_versions("t1")
+        assert [v for v, _, _ in versions] == [1, 2]
+        assert versions[0][1] == pytest.approx(now)
+        assert versions[1][1] >= versions[0][1]
+        assert versions[0][2] == len(head("t1"))
+        assert versions[1][2] == len(big.head)
+        assert await store.list_versions("ghost") == []
+
+    # ------------------------------------------------------------------ history
+
+    async def test_history_branches_follow_segments(self, store: Store) -> None:
+        """R8, R14: history is append-only; a rollback reads the old branch up to a point,
+        then the new epoch."""
+        now = time.time()
+        await make_task(store, "t1")
+        lease = await claim(store, "t1", now)
+        old = [HistoryRow(0, seq, {"role": "user", "n": f"e0-{seq}"}) for seq in range(1, 6)]
+        await commit(store, lease, Status.RUNNING, now, history=old)
+        epoch = await store.next_epoch("t1")
+        assert epoch >= 1
+        new = [HistoryRow(epoch, seq, {"role": "assistant", "n": f"e1-{seq}"}) for seq in (4, 5)]
+        await commit(store, lease, Status.RUNNING, now, history=new)
+        branch = await store.read_history("t1", [[0, 3], [epoch, -1]])
+        assert [e["n"] for e in branch] == ["e0-1", "e0-2", "e0-3", "e1-4", "e1-5"]
+        whole_old = await store.read_history("t1", [[0, -1]])
+        assert [e["n"] for e in whole_old] == [f"e0-{s}" for s in range(1, 6)]
+        assert whole_old[0] == {"role": "user", "n": "e0-1"}
+        assert [e["n"] for e in await store.read_history("t1", [[0, 2]])] == ["e0-1", "e0-2"]
+        assert await store.read_history("t1", [[7, -1]]) == []
+
+    async def test_next_epoch_is_new_every_time(self, store: Store) -> None:
+        """R14: each rollback gets a branch number never used before by that task."""
+        await make_task(store, "t1")
+        await make_task(store, "t2")
+        first = await store.next_epoch("t1")
+        second = await store.next_epoch("t1")
+        assert first >= 1 and second > first
+        assert await store.next_epoch("t2") >= 1
+        with pytest.raises(TaskNotFound):
+            await store.next_epoch("ghost")
+
+    # ------------------------------------------------------------------ events
+
