@@ -16,6 +16,7 @@ import itertools
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +42,12 @@ class MeasuringStore(SQLiteStore):
         return await super().commit(claim, checkpoint, keep, lease_until)
 
 
-async def run_one(store: SQLiteStore, steps: int) -> dict[str, Any]:
-    harness = tt.Harness(store)
+async def run_one(store: SQLiteStore, steps: int, side_effect: bool = False,
+                  settings: tt.Settings | None = None) -> dict[str, Any]:
+    harness = tt.Harness(store, settings=settings)
     stamps: list[float] = []
 
-    @harness.tool(idempotent=True)
+    @harness.tool(idempotent=not side_effect, side_effect=side_effect)
     async def work(ctx: tt.ToolContext, payload: str, n: int) -> dict[str, Any]:
         stamps.append(time.perf_counter())
         return {"n": n, "text": RESULT}
@@ -70,27 +72,35 @@ async def run_one(store: SQLiteStore, steps: int) -> dict[str, Any]:
 
 async def main(steps: int) -> None:
     folder = Path(tempfile.mkdtemp(prefix="tether-bench-"))
-    setups = {
-        "memory": lambda: MeasuringStore(":memory:", synchronous="OFF"),
-        "sqlite FULL (default)": lambda: MeasuringStore(str(folder / "full.db"), "FULL"),
-        "sqlite NORMAL": lambda: MeasuringStore(str(folder / "normal.db"), "NORMAL"),
+    strict = tt.Settings(defer_results_under=0)
+    setups: dict[str, tuple[Callable[[], MeasuringStore], bool, tt.Settings | None]] = {
+        "memory": (lambda: MeasuringStore(":memory:", synchronous="OFF"), False, None),
+        "sqlite FULL (default)": (lambda: MeasuringStore(str(folder / "a.db"), "FULL"), False, None),
+        "sqlite FULL, no deferral": (lambda: MeasuringStore(str(folder / "b.db"), "FULL"), False,
+                                     strict),
+        "sqlite FULL, side effect": (lambda: MeasuringStore(str(folder / "c.db"), "FULL"), True,
+                                     None),
+        "sqlite NORMAL": (lambda: MeasuringStore(str(folder / "d.db"), "NORMAL"), False, None),
     }
     results = {}
-    for name, make in setups.items():
+    for name, (make, side_effect, settings) in setups.items():
         store = make()
         store.commits = []
-        results[name] = await run_one(store, steps) | {"commits": list(store.commits)}
+        results[name] = await run_one(store, steps, side_effect, settings) | {
+            "commits": list(store.commits)}
     base = results["memory"]["median_ms"]
     print(f"{steps} tool-call steps in one task, 200-byte args, 500-byte results")
     print(f"{'store':24} {'median ms/step':>15} {'ratio':>7} {'total s':>8}")
     for name, r in results.items():
         print(f"{name:24} {r['median_ms']:15.3f} {r['median_ms'] / base:7.2f} {r['total_s']:8.2f}")
-    commits = results["sqlite FULL (default)"]["commits"]
-    # commit 0 is the first resume point; each step is a resume point + a result commit.
-    for step in (10, min(1000, steps - 1)):
-        per_step = commits[2 * step - 1] + commits[2 * step]
-        print(f"payload bytes written by step {step}: {per_step}")
-    db = folder / "full.db"
+    for name in ("sqlite FULL (default)", "sqlite FULL, side effect"):
+        commits = results[name]["commits"]
+        per_step = round(len(commits) / steps)
+        for step in (10, min(1000, steps - 1)):
+            window = commits[step * per_step: (step + 1) * per_step]
+            print(f"{name}: {per_step} commit(s)/step; payload bytes written by step {step}:"
+                  f" {sum(window)}")
+    db = folder / "a.db"
     print(f"database file after the run: {db.stat().st_size / 1024:.0f} KiB"
           f" ({db.stat().st_size / steps:.0f} bytes/step incl. indexes; old versions pruned)")
 

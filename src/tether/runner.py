@@ -281,6 +281,7 @@ class Runner:
                 "name": call.tool, "args": call.args, "key": call.key}})
         await self.commit()
         failpoint("after_resume_point")
+        started = time.monotonic()
         try:
             result = await self.invoke(tool, call)
         except Preempted:
@@ -292,7 +293,8 @@ class Runner:
             await recovery.tool_failed(self, tool, call, error)
             return
         failpoint("after_tool_before_commit")
-        await self.finish_call(call, result)
+        quick = time.monotonic() - started < self.settings.defer_results_under
+        await self.finish_call(call, result, defer=tool.idempotent and quick)
 
     async def open_call(self, action: ToolCall) -> CallState | None:
         """Create the call's state, answering from the idempotency table when it already ran."""
@@ -335,7 +337,14 @@ class Runner:
         except TimeoutError:
             raise ToolTimeout(f"tool {tool.name} timed out after {tool.timeout}s") from None
 
-    async def finish_call(self, call: CallState, result: Any, from_record: bool = False) -> None:
+    async def finish_call(self, call: CallState, result: Any, from_record: bool = False,
+                          defer: bool = False) -> None:
+        """Record a call's result and move on; with *defer*, ride along with the next commit.
+
+        Deferring is only offered for a quick idempotent call: if the process
+        dies first, the call runs again with the same key, which costs less than
+        the fsync saved (see ``Settings.defer_results_under``).
+        """
         frame = self.snap.frame
         if not from_record:
             self.record_idempotency(call, "succeeded", result=result)
@@ -348,7 +357,8 @@ class Runner:
         self.snap.step += 1
         self.snap.call = None
         recovery.progress_made(self)
-        await self.commit()
+        if not defer:
+            await self.commit()
 
     def record_idempotency(self, call: CallState, status: str, result: Any = None,
                            error: str | None = None) -> None:

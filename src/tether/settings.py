@@ -32,6 +32,11 @@ class Settings:
     """How often a worker looks for work and for events sent by other processes."""
     recovery_backoff: float = 0.5
     """Base delay before re-running a call that gave up, doubled per recovery attempt."""
+    defer_results_under: float = 0.05
+    """An idempotent call quicker than this (seconds) commits its result together with the
+    next step's resume point: one fsync per step instead of two. A crash in between re-runs
+    that call (same key), wasting at most this much tool time. 0 commits every result at once.
+    Side-effecting calls always commit their result at once."""
     sqlite_synchronous: str = "FULL"
     """FULL survives power loss; NORMAL survives a process crash only, and is faster."""
 
@@ -43,8 +48,9 @@ class Settings:
         for name in ("recovery_timeout", "lease_seconds", "poll_interval"):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"setting {name} must be positive")
-        if self.coalesce_window < 0 or self.recovery_backoff < 0:
-            raise ConfigurationError("coalesce_window and recovery_backoff cannot be negative")
+        if min(self.coalesce_window, self.recovery_backoff, self.defer_results_under) < 0:
+            raise ConfigurationError(
+                "coalesce_window, recovery_backoff and defer_results_under cannot be negative")
         if self.sqlite_synchronous.upper() not in ("FULL", "NORMAL", "EXTRA"):
             raise ConfigurationError("sqlite_synchronous must be FULL, NORMAL or EXTRA")
 

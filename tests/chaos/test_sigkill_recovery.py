@@ -363,6 +363,28 @@ def test_sigkill_at_failpoint_then_fresh_worker_finishes(
     assert all(status == "succeeded" for status in st.idempotency.values()), st.idempotency
 
 
+DEFERRED_KILLS = [f"{point}@{n}" for point in ("before_plan_recorded", "inside_tool",
+                                                "after_tool_before_commit", "mid_checkpoint",
+                                                "after_checkpoint") for n in (1, 2, 4)]
+
+
+@pytest.mark.parametrize("spec", DEFERRED_KILLS)
+def test_sigkill_with_deferred_idempotent_results_keeps_every_guarantee(
+        paths: Paths, children: Callable[..., Child], baseline: Any, spec: str) -> None:
+    """R10, R25: with the default deferral of quick idempotent results (one fsync per step),
+    a kill anywhere still pays each refund exactly once, re-runs a lookup at most once more,
+    and ends with the uninterrupted result. Exact re-run positions differ, so only the
+    invariants are asserted here; the enumerated table above pins positions down."""
+    submit(paths, "refunder", {"calls": MIXED_CALLS}, "t1")
+    run_to_kill(paths, children, spec, env={"TETHER_CHAOS_DEFER": "1"})
+    st = state(paths, "t1")
+    assert st.status == "completed", (st.status, st.reason, st.log)
+    assert refund_problems(paths.ledger, once=MIXED_REFUNDS) == []
+    lookups = app.lookup_counts(paths.ledger)
+    assert all(1 <= lookups[o] <= 2 for o in MIXED_LOOKUPS), lookups
+    assert st.result == baseline
+
+
 # ---------------------------------------------------------------------- blind side effects
 
 BLIND_SCENARIOS = [
