@@ -230,6 +230,12 @@ class Harness:
         if inspect.isawaitable(outcome):
             await outcome
 
+    async def __aenter__(self) -> Harness:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
     async def close(self) -> None:
         if self._store is not None:
             await self._store.close()

@@ -114,3 +114,15 @@ def test_worker_takes_the_app_as_an_argument(cli, tmp_path: Path, monkeypatch: p
     assert shown["snapshot"]["result"] == "hello from myapp"
     out = cli("worker", "nosuchmodule:harness", "--until-idle", ok=False)
     assert "cannot load app" in out
+
+
+async def test_harness_is_an_async_context_manager(tmp_path: Path) -> None:
+    """The store opened by a harness is closed when its `async with` block ends."""
+    import tether as tt
+
+    async with tt.Harness(f"sqlite:///{tmp_path / 'h.db'}") as harness:
+        assert await harness.store.list_tasks() == []
+        store = harness.store
+    assert harness._store is None
+    with pytest.raises(Exception, match="closed"):
+        await store.list_tasks()
