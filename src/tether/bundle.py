@@ -8,7 +8,8 @@ from typing import Any
 
 import orjson
 
-from tether.model import Snapshot
+from tether.errors import CorruptSnapshot
+from tether.model import Snapshot, TaskRecord
 from tether.store import Store
 
 BUNDLE_FORMAT = 1
@@ -18,7 +19,10 @@ async def export_bundle(store: Store, task_id: str) -> dict[str, Any]:
     """Snapshot, dialog, failure reasons, events, idempotency records and recovery log."""
     record = await store.get_task(task_id)
     version, data = await store.load_head(task_id)
-    snap = Snapshot.loads(data, task_id, version)
+    try:
+        snap = Snapshot.loads(data, task_id, version)
+    except CorruptSnapshot as error:
+        return await _bundle_without_snapshot(store, record, str(error))
     history = await store.read_history(task_id, snap.history_segments)
     return {
         "format": BUNDLE_FORMAT,
@@ -37,6 +41,21 @@ async def export_bundle(store: Store, task_id: str) -> dict[str, Any]:
             {**stored.event.to_dict(), "status": stored.status, "coalesce": stored.coalesce}
             for stored in await store.list_events(task_id)
         ],
+        "idempotency": [asdict(r) for r in await store.list_idempotency(task_id)],
+        "recovery_log": await store.list_recovery_log(task_id),
+    }
+
+
+async def _bundle_without_snapshot(store: Store, record: TaskRecord, error: str) -> dict[str, Any]:
+    """What can still be said about a task whose snapshots are all unreadable."""
+    task_id = record.task_id
+    return {
+        "format": BUNDLE_FORMAT,
+        "exported_at": time.time(),
+        "task": {**asdict(record), "status": record.status.value},
+        "reason": record.reason,
+        "snapshot_error": error,
+        "events": [stored.event.to_dict() for stored in await store.list_events(task_id)],
         "idempotency": [asdict(r) for r in await store.list_idempotency(task_id)],
         "recovery_log": await store.list_recovery_log(task_id),
     }

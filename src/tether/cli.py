@@ -13,6 +13,7 @@ import functools
 import importlib
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -159,12 +160,17 @@ def _app_argument(ctx: click.Context, _param: click.Parameter, value: str | None
 async def worker(harness: tt.Harness, concurrency: int, until_idle: bool) -> None:
     """Claim, run and recover tasks of APP (module:harness; default --app).
 
-    Any number of workers, in one process or many, may share a store.
+    Any number of workers, in one process or many, may share a store. SIGTERM or
+    Ctrl-C stops gracefully: each task finishes its step, commits and is released.
     """
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
     if until_idle:
-        await harness.run_until_idle(concurrency=concurrency)
+        await harness.run_until_idle(concurrency=concurrency, stop=stop)
     else:
-        await harness.serve(concurrency=concurrency)
+        await harness.serve(concurrency=concurrency, stop=stop)
 
 
 @main.command()

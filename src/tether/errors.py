@@ -83,5 +83,10 @@ class ToolTimeout(TetherError):
     """The tool call did not finish within its timeout."""
 
 
+class OutcomeUnknown(TetherError):
+    """Raise this from a side-effecting tool when the request may have gone out but no answer
+    came: tether will not retry it blindly; it asks the reconcile hook or a person."""
+
+
 class NotRetryable(TetherError):
     """Raise this from a tool to stop its retries: the failure will not go away by itself."""

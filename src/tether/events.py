@@ -13,8 +13,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from tether import recovery
-from tether.errors import InvalidInput, TaskNotFound
-from tether.model import EmitReceipt, Event, Priority, Status, to_plain
+from tether.errors import InvalidInput, TaskNotFound, TetherError
+from tether.model import EmitReceipt, Event, Priority, Status, action_to_dict, to_plain
 from tether.protocol import CONTROL_EVENTS, InterruptionProtocol
 from tether.settings import Settings
 from tether.store import InboxLimits, Store, StoredEvent
@@ -65,12 +65,13 @@ async def apply_event(runner: Runner, stored: StoredEvent) -> None:
     event = stored.event
     assert event.id is not None
     snap = runner.snap
-    if event.type == "cancel":
-        await _cancel(runner, event)
-    elif event.type == "resume":
-        await recovery.human_resume(runner, event)
-    elif event.type == "rollback":
-        await recovery.rollback(runner, event)
+    if event.type in CONTROL_EVENTS:
+        try:
+            await _control(runner, event)
+        except TetherError as error:
+            runner.log_recovery(f"{event.type}_failed", event.id, str(error))
+            runner.done_event(event.id, "failed")
+            return
     elif snap.status.is_terminal or snap.status is Status.NEEDS_HUMAN:
         runner.done_event(event.id, "ignored")
         return
@@ -79,6 +80,15 @@ async def apply_event(runner: Runner, stored: StoredEvent) -> None:
     else:
         await _deliver(runner, event, stored.priority)
     runner.done_event(event.id, "applied")
+
+
+async def _control(runner: Runner, event: Event) -> None:
+    if event.type == "cancel":
+        await _cancel(runner, event)
+    elif event.type == "resume":
+        await recovery.human_resume(runner, event)
+    else:
+        await recovery.rollback(runner, event)
 
 
 async def _cancel(runner: Runner, event: Event) -> None:
@@ -101,7 +111,15 @@ async def _deliver(runner: Runner, event: Event, priority: int) -> None:
         end_wait(runner, event.to_dict())
         return
     scratch = dict(frame.scratch)
-    action = await runner.agent_for(frame).on_event(runner.view(scratch), event)
+    agent = runner.agent_for(frame)
+    try:
+        action = await agent.on_event(runner.view(scratch), event)
+        if action is not None:
+            action_to_dict(action)
+    except Exception as error:  # agent code may raise anything; the event is in the dialog
+        await recovery.hand_to_person(runner, f"agent {agent.name!r} failed handling event"
+                                      f" {event.id} ({event.type}): {type(error).__name__}: {error}")
+        return
     if action is not None:
         frame.scratch = scratch
         runner.put_first(action)

@@ -188,9 +188,10 @@ class Harness:
 
     # ------------------------------------------------------------------ running
 
-    async def run_until_idle(self, concurrency: int = 4, timeout: float | None = None) -> None:
+    async def run_until_idle(self, concurrency: int = 4, timeout: float | None = None,
+                             stop: asyncio.Event | None = None) -> None:
         """Run tasks until none has work left (waiting tasks with future timers stay asleep)."""
-        await asyncio.wait_for(Worker(self, concurrency).run(until_idle=True), timeout)
+        await asyncio.wait_for(Worker(self, concurrency).run(until_idle=True, stop=stop), timeout)
 
     async def serve(self, concurrency: int = 4, stop: asyncio.Event | None = None) -> None:
         """Run as a long-lived worker: claim, run and recover tasks until *stop* is set."""

@@ -273,6 +273,9 @@ class RecoveryState:
     reasons: list[str] = field(default_factory=list)
     retry_at: float | None = None
     """When a failed plan (a model call) may be tried again; a due time, so it survives restarts."""
+    given_up: dict[str, int] = field(default_factory=dict)
+    """Calls (fingerprint + arguments) that failed for good, over the task's life: the same
+    call failing the same way twice stops the task even when the agent keeps re-planning it."""
 
 
 @dataclass

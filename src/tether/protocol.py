@@ -43,7 +43,7 @@ CONTROL_EVENTS = frozenset({"cancel", "resume", "rollback"})
 DEFAULT_RULES: Mapping[str, Rule] = {
     "user_interrupt": Rule(Priority.P0),
     "cancel": Rule(Priority.P0),
-    "resume": Rule(Priority.P0, coalesce="resume"),
+    "resume": Rule(Priority.P0),  # carries a person's message: never coalesced (E2)
     "rollback": Rule(Priority.P0),
     "user_message": Rule(Priority.P1),
     "follow_up": Rule(Priority.P1),

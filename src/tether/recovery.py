@@ -59,9 +59,10 @@ def emit_log_records(records: list[dict[str, Any]], version: int) -> None:
 async def restore(runner: Runner) -> None:
     """Bring a freshly claimed task back to a state the loop can continue from."""
     snap = runner.snap
+    if snap.status.is_terminal:
+        return
     if snap.status is Status.PENDING:
         runner.set_status(Status.RUNNING)
-        return
     crashed = runner.claim.crashed
     in_doubt = snap.call is not None and snap.call.status == "started"
     if crashed or in_doubt:
@@ -215,6 +216,33 @@ async def tool_failed(runner: Runner, tool: Tool, call: CallState, error: Except
     await _give_up(runner, call, fingerprint)
 
 
+async def outcome_unknown(runner: Runner, tool: Tool, call: CallState, error: Exception) -> None:
+    """A side-effecting call timed out or lost its answer: never retried blindly (R10).
+
+    The same path as a crash mid-call: ask the reconcile hook, else a person.
+    """
+    call.error = describe_error(error)
+    runner.log_recovery("outcome_unknown", detail=f"{call.tool} key={call.key}: {call.error}")
+    await resolve_in_doubt(runner)
+    if runner.snap.call is call and call.status == "planned":
+        await tool_failed(runner, tool, call, error)  # it never happened: an ordinary failure
+
+
+async def unusable_result(runner: Runner, tool: Tool, call: CallState, raw: Any,
+                          error: Exception) -> None:
+    """The tool ran but returned something that is not JSON: record that it ran, then stop.
+
+    Retrying would repeat a side effect that already happened, so the call is recorded as
+    succeeded with a description of the value, and a person is asked to fix the tool.
+    """
+    marker = {"unserialisable_result": repr(raw)[:500]}
+    runner.record_idempotency(call, "succeeded", result=marker)
+    await runner.finish_call(call, marker, from_record=True, defer=True)
+    await hand_to_person(runner, f"tool {tool.name} returned a value that is not plain JSON"
+                         f" ({error}); its call is recorded as done and was not repeated;"
+                         " make the tool return plain data, then resume")
+
+
 async def _give_up(runner: Runner, call: CallState, fingerprint: str) -> None:
     snap = runner.snap
     frame = snap.frame
@@ -222,6 +250,12 @@ async def _give_up(runner: Runner, call: CallState, fingerprint: str) -> None:
                "fingerprint": fingerprint, "attempts": call.attempt}
     runner.append_history({"role": "tool", "name": call.tool, "key": call.key,
                            "error": call.error})
+    repeat = f"{fingerprint}:{call.args_hash}"
+    snap.recovery.given_up[repeat] = snap.recovery.given_up.get(repeat, 0) + 1
+    if snap.recovery.given_up[repeat] > 1:
+        await hand_to_person(runner, f"{call.tool} with the same arguments failed the same way"
+                             f" again ({call.error}); fingerprint {fingerprint} (R22)")
+        return
     event = Event("tool_error", snap.task_id, failure, priority=2)
     scratch = dict(frame.scratch)
     action = await runner.agent_for(frame).on_event(runner.view(scratch), event)
@@ -318,6 +352,7 @@ async def human_resume(runner: Runner, event: Event) -> None:
         snap.frame.scratch.update(payload["frame_patch"])
     snap.recovery = type(snap.recovery)()
     snap.error = None
+    runner.mark_progress()
     _settle_call_for_resume(runner, amended=bool(payload.get("message") or payload.get("frame_patch")))
     if snap.frame.wait:
         snap.frame.wait = None
@@ -346,6 +381,9 @@ def _settle_call_for_resume(runner: Runner, amended: bool) -> None:
     snap = runner.snap
     call = snap.call
     if call is None:
+        agenda = snap.frame.agenda
+        if amended and agenda and agenda[0]["kind"] == "tool_call":
+            agenda.pop(0)
         return
     if call.status == "started":
         call.status = "planned"
@@ -362,6 +400,9 @@ def _settle_call_for_resume(runner: Runner, amended: bool) -> None:
 async def rollback(runner: Runner, event: Event) -> None:
     """Go back to a kept version; later dialog rows stay stored on their own branch (R14, E4)."""
     assert event.id is not None
+    if runner.snap.status is Status.CANCELLED:
+        runner.log_recovery("rollback_refused", event.id, "the task was cancelled; cancel is final")
+        return
     payload = event.payload or {}
     version = int(payload["version"])
     task_id = runner.snap.task_id
@@ -371,6 +412,7 @@ async def rollback(runner: Runner, event: Event) -> None:
     epoch = await branch_history(runner.store, old)
     if payload.get("redo_side_effects"):
         old.key_salt = f"~redo{epoch}"
+        _reopen_call(old)
     old.recovery = type(old.recovery)()
     if old.status is Status.PENDING:
         old.status = Status.RUNNING
@@ -384,6 +426,13 @@ async def rollback(runner: Runner, event: Event) -> None:
                            else ""))
     if old.call is not None and old.call.status == "started":
         await resolve_in_doubt(runner)
+
+
+def _reopen_call(snap: Snapshot) -> None:
+    """Forget an open call's key so it is derived again with the new salt (a real redo)."""
+    if snap.call is not None and snap.stack and snap.frame.agenda:
+        snap.frame.agenda[0].pop("open_call", None)
+    snap.call = None
 
 
 def _args_text(call: CallState) -> str:

@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from tether import recovery
 from tether.agent import Agent, TaskView
-from tether.errors import CorruptSnapshot, LeaseLost, ToolTimeout, UnknownAgent
+from tether.errors import (
+    CorruptSnapshot,
+    InvalidInput,
+    LeaseLost,
+    OutcomeUnknown,
+    ToolTimeout,
+    UnknownAgent,
+)
 from tether.events import apply_event
 from tether.failpoints import failpoint
 from tether.model import (
@@ -40,7 +47,7 @@ from tether.model import (
     check_transition,
     to_plain,
 )
-from tether.store import Checkpoint, Claim, HistoryRow
+from tether.store import Checkpoint, Claim, HistoryRow, StoredEvent
 from tether.tools import Tool, ToolContext, args_hash, idempotency_key
 
 if TYPE_CHECKING:
@@ -66,6 +73,8 @@ class Runner:
         self.version = version
         self.history = history
         self.wake = asyncio.Event()
+        self.applied: set[int] = set()
+        self._stopping = False
         self._cancellable: asyncio.Future[Any] | None = None
         self._preempting = False
         self._rows: list[HistoryRow] = []
@@ -121,7 +130,7 @@ class Runner:
     async def run(self) -> Status:
         """Tick until the task parks (waiting, paused, needs_human) or ends."""
         await recovery.restore(self)
-        while True:
+        while not self._stopping:
             await self.tick()
             if self.snap.status is not Status.RUNNING:
                 break
@@ -142,9 +151,8 @@ class Runner:
     async def tick(self) -> None:
         """Drain the inbox: apply pending events, most urgent first (R5)."""
         self.wake.clear()
-        done = {event_id for event_id, _ in self._events_done}
         for stored in await self.store.pending_events(self.snap.task_id):
-            if stored.event.id not in done:
+            if stored.event.id not in self.applied:
                 await apply_event(self, stored)
 
     async def step(self) -> None:
@@ -204,6 +212,15 @@ class Runner:
             self._cancellable = None
             self._preempting = False
 
+    def stop(self) -> None:
+        """Finish the step in flight, commit, and return (a graceful stop, E5)."""
+        self._stopping = True
+        self.wake.set()
+
+    def unseen(self, pending: list[StoredEvent]) -> list[StoredEvent]:
+        """Pending events this runner has not applied yet (applied ones wait for a commit)."""
+        return [e for e in pending if e.event.id not in self.applied]
+
     def notify(self, priority: int) -> None:
         """Called when an event for this task is stored; P0 cancels interruptible work."""
         self.wake.set()
@@ -223,7 +240,9 @@ class Runner:
             self.append_history({"role": "assistant", "content": action.text})
         elif isinstance(action, Spawn):
             self.agent_for(Frame(agent=action.agent))
-            self.snap.stack.append(Frame(agent=action.agent, input=to_plain(action.input)))
+            child_id = f"{frame.frame_id}.{frame.steps}"
+            self.snap.stack.append(Frame(agent=action.agent, input=to_plain(action.input),
+                                         frame_id=child_id))
             self.append_history({"role": "system", "event": "spawn", "agent": action.agent,
                                  "depth": len(self.snap.stack) - 1})
         elif isinstance(action, Wait):
@@ -283,16 +302,27 @@ class Runner:
         failpoint("after_resume_point")
         started = time.monotonic()
         try:
-            result = await self.invoke(tool, call)
+            raw = await self.invoke(tool, call)
         except Preempted:
             call.status = "planned"
             call.attempt -= 1
             self.record_idempotency(call, "failed", error="interrupted by a P0 event")
             return
+        except (ToolTimeout, OutcomeUnknown) as error:
+            if tool.side_effect:
+                await recovery.outcome_unknown(self, tool, call, error)
+            else:
+                await recovery.tool_failed(self, tool, call, error)
+            return
         except Exception as error:  # a tool may fail in any way; all of it is recorded
             await recovery.tool_failed(self, tool, call, error)
             return
         failpoint("after_tool_before_commit")
+        try:
+            result = to_plain(raw)
+        except InvalidInput as error:
+            await recovery.unusable_result(self, tool, call, raw, error)
+            return
         quick = time.monotonic() - started < self.settings.defer_results_under
         await self.finish_call(call, result, defer=tool.idempotent and quick)
 
@@ -327,7 +357,7 @@ class Runner:
         work = self._with_timeout(tool, ctx, call.args)
         result = await (self.cancellable(work) if tool.interruptible else work)
         self.snap.resources.extend(ctx.resources)
-        return to_plain(result)
+        return result
 
     @staticmethod
     async def _with_timeout(tool: Tool, ctx: ToolContext, args: dict[str, Any]) -> Any:
@@ -402,6 +432,7 @@ class Runner:
         self._log.append(record)
 
     def done_event(self, event_id: int, disposition: str) -> None:
+        self.applied.add(event_id)
         self._events_done.append((event_id, disposition))
 
     @property

@@ -28,6 +28,8 @@ class Settings:
     keep_versions: int = 10
     lease_seconds: float = 15.0
     """A worker that stops renewing for this long is presumed dead; its tasks are recovered."""
+    drain_timeout: float = 30.0
+    """On a graceful stop, how long tasks may take to finish the step they are in."""
     poll_interval: float = 0.2
     """How often a worker looks for work and for events sent by other processes."""
     recovery_backoff: float = 0.5
@@ -45,7 +47,7 @@ class Settings:
                      "keep_versions"):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"setting {name} must be at least 1")
-        for name in ("recovery_timeout", "lease_seconds", "poll_interval"):
+        for name in ("recovery_timeout", "lease_seconds", "poll_interval", "drain_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"setting {name} must be positive")
         if min(self.coalesce_window, self.recovery_backoff, self.defer_results_under) < 0:

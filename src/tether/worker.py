@@ -3,7 +3,10 @@
 Any number of workers (in one process or many) can share a store: a task is
 run by at most one of them, because every write is fenced by the lease's
 token (R13). A worker that dies stops renewing; once its lease expires,
-another worker claims the task and recovers it.
+another worker claims the task and recovers it. A worker told to stop lets
+each task finish the step it is in (a side-effecting call in flight is never
+cut off), commits, and releases it cleanly, so the next worker resumes at
+once and no recovery is counted (E5).
 """
 
 from __future__ import annotations
@@ -16,9 +19,9 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from tether.errors import LeaseLost, SnapshotTooNew, TetherError
+from tether.errors import CorruptSnapshot, LeaseLost, SnapshotTooNew, StoreError, TetherError
 from tether.model import Status
-from tether.recovery import hand_to_person
+from tether.recovery import hand_to_person, restore
 from tether.runner import Runner
 from tether.store import Claim
 
@@ -43,19 +46,17 @@ class Worker:
 
     async def run(self, until_idle: bool, stop: asyncio.Event | None = None) -> None:
         """Claim and run tasks until stopped (or, with *until_idle*, until none is left)."""
-        settings = self.harness.settings
         keeper = asyncio.create_task(self._keep_alive())
         try:
             while not (stop and stop.is_set()):
                 claimed = await self._fill()
                 if until_idle and not self.active and not claimed:
                     return
-                await self._wait_for_change(settings.poll_interval)
+                await self._wait_for_change(stop)
         finally:
+            await self._drain()
             keeper.cancel()
-            for task in self.active.values():
-                task.cancel()
-            await asyncio.gather(keeper, *self.active.values(), return_exceptions=True)
+            await asyncio.gather(keeper, return_exceptions=True)
 
     async def _fill(self) -> bool:
         claimed = False
@@ -69,19 +70,47 @@ class Worker:
             self.active[claim.task_id] = asyncio.create_task(self._run_one(claim))
         return claimed
 
-    async def _wait_for_change(self, timeout: float) -> None:
+    async def _wait_for_change(self, stop: asyncio.Event | None) -> None:
+        waiters: set[asyncio.Future[object]] = set(self.active.values())  # type: ignore[arg-type]
+        stopper = asyncio.ensure_future(stop.wait()) if stop else None
+        if stopper:
+            waiters.add(stopper)  # type: ignore[arg-type]
+        try:
+            if waiters:
+                await asyncio.wait(waiters, timeout=self.harness.settings.poll_interval,
+                                   return_when=asyncio.FIRST_COMPLETED)
+            else:
+                await asyncio.sleep(self.harness.settings.poll_interval)
+        finally:
+            if stopper:
+                stopper.cancel()
+
+    async def _drain(self) -> None:
+        """Stop at step boundaries, wait up to ``drain_timeout``, then cut off what is left."""
         if not self.active:
-            await asyncio.sleep(timeout)
             return
-        await asyncio.wait(self.active.values(), timeout=timeout,
-                           return_when=asyncio.FIRST_COMPLETED)
+        for task_id in self.active:
+            runner = self.harness.runners.get(task_id)
+            if runner is not None:
+                runner.stop()
+        tasks = list(self.active.values())
+        _, late = await asyncio.wait(tasks, timeout=self.harness.settings.drain_timeout)
+        for task in late:
+            task.cancel()
+        if late:
+            self.harness.log.warning("%d task(s) did not finish their step within drain_timeout;"
+                                     " they were cut off and will be recovered", len(late))
+            await asyncio.gather(*late, return_exceptions=True)
 
     async def _run_one(self, claim: Claim) -> None:
+        this = asyncio.current_task()
         try:
             await run_claimed(self.harness, claim)
         finally:
-            self.active.pop(claim.task_id, None)
-            self._claims.pop(claim.task_id, None)
+            if self.active.get(claim.task_id) is this:
+                del self.active[claim.task_id]
+            if self._claims.get(claim.task_id) is claim:
+                del self._claims[claim.task_id]
 
     async def _keep_alive(self) -> None:
         """Renew leases and pass on events stored by other processes (P0 preempts at once)."""
@@ -91,67 +120,98 @@ class Worker:
             await asyncio.sleep(settings.poll_interval)
             renew = time.time() - last_renew > settings.lease_seconds / 3
             for task_id, claim in list(self._claims.items()):
-                runner = self.harness.runners.get(task_id)
-                if renew:
-                    await self._renew(claim, task_id)
-                if runner is not None:
-                    pending = await self.harness.store.pending_events(task_id)
-                    if pending:
-                        runner.notify(min(e.priority for e in pending))
+                try:
+                    await self._look_after(task_id, claim, renew)
+                except Exception:  # one task's trouble must not stop the others' renewals
+                    self.harness.log.exception("task %s: lease upkeep failed", task_id)
             if renew:
                 last_renew = time.time()
 
-    async def _renew(self, claim: Claim, task_id: str) -> None:
-        try:
-            await self.harness.store.renew(claim, time.time() + self.harness.settings.lease_seconds)
-        except LeaseLost:
-            self.harness.log.warning("task %s: lease lost to another worker; stopping it", task_id)
-            task = self.active.get(task_id)
-            if task is not None:
-                task.cancel()
+    async def _look_after(self, task_id: str, claim: Claim, renew: bool) -> None:
+        runner = self.harness.runners.get(task_id)
+        if renew:
+            try:
+                await self.harness.store.renew(claim, time.time() + self.harness.settings.lease_seconds)
+            except LeaseLost:
+                if self._claims.get(task_id) is claim and runner is not None:
+                    self.harness.log.warning("task %s: lease lost to another worker; stopping it",
+                                             task_id)
+                    task = self.active.get(task_id)
+                    if task is not None:
+                        task.cancel()
+                return
+        if runner is not None:
+            fresh = runner.unseen(await self.harness.store.pending_events(task_id))
+            if fresh:
+                runner.notify(min(e.priority for e in fresh))
 
 
 async def run_claimed(harness: Harness, claim: Claim, steps: bool = True) -> Status | None:
-    """Run (or, with ``steps=False``, only apply the inbox of) one claimed task, then release it."""
-    runner: Runner | None = None
-    status: Status | None
+    """Run (or, with ``steps=False``, only apply the inbox of) one claimed task, then release it.
+
+    Returns the status it was left in, or None when the lease was lost or the task could not
+    be run here (the lease then expires and another worker recovers it).
+    """
+    store = harness.store
     try:
         runner = await Runner.load(harness, claim)
-        harness.runners[claim.task_id] = runner
-        if steps:
-            status = await runner.run()
-        else:
-            await runner.tick()
-            await runner.flush()
-            status = runner.snap.status
-        await harness.store.release(claim)
-    except LeaseLost:
-        return None
     except SnapshotTooNew as error:
         harness.log.error("%s", error)
-        with contextlib.suppress(LeaseLost):
-            await harness.store.release(claim)
+        await store.release(claim, hold_until=time.time() + 4 * harness.settings.lease_seconds)
+        return None
+    except CorruptSnapshot as error:
+        await store.set_status(claim, Status.NEEDS_HUMAN, str(error))
+        return await _hand_over(harness, claim, Status.NEEDS_HUMAN)
+    harness.runners[claim.task_id] = runner
+    try:
+        status = await _drive(runner, steps)
+    except (LeaseLost, StoreError) as error:
+        harness.log.warning("task %s: %s; leaving it for recovery", claim.task_id, error)
         return None
     except Exception as error:  # agent or tool code may raise anything; park it for a person
         harness.log.exception("task %s: unexpected error; handing it to a person", claim.task_id)
-        status = await _park_after_error(harness, claim, error)
+        parked = await _park_after_error(harness, claim, error)
+        if parked is None:
+            return None
+        status = parked
     finally:
-        if runner is not None and harness.runners.get(claim.task_id) is runner:
+        if harness.runners.get(claim.task_id) is runner:
             del harness.runners[claim.task_id]
+    return await _hand_over(harness, claim, status)
+
+
+async def _drive(runner: Runner, steps: bool) -> Status:
+    if steps:
+        return await runner.run()
+    if runner.claim.crashed:
+        await restore(runner)
+    await runner.tick()
+    await runner.flush()
+    return runner.snap.status
+
+
+async def _hand_over(harness: Harness, claim: Claim, status: Status) -> Status:
+    """Tell a person if needed (while still holding the task), then release it cleanly."""
     if status in (Status.NEEDS_HUMAN, Status.FAILED):
-        await harness.notify(claim.task_id)
+        try:
+            await harness.notify(claim.task_id)
+        except Exception:  # a failing notifier must not keep the task leased
+            harness.log.exception("task %s: the notifier failed", claim.task_id)
+    with contextlib.suppress(LeaseLost):
+        await harness.store.release(claim)
     return status
 
 
 async def _park_after_error(harness: Harness, claim: Claim, error: Exception) -> Status | None:
     """Reload the last committed state (not the half-changed one) and hand it to a person."""
-    with contextlib.suppress(LeaseLost):
+    try:
         runner = await Runner.load(harness, claim)
         if runner.snap.status.is_terminal:
-            await harness.store.release(claim)
             return runner.snap.status
         reason = f"{type(error).__name__}: {error}"
         await hand_to_person(runner, f"unexpected error while running: {reason}")
-        await harness.store.release(claim)
         return Status.NEEDS_HUMAN
-    return None
+    except TetherError:
+        harness.log.exception("task %s: could not even park it; leaving it for recovery",
+                              claim.task_id)
+        return None

@@ -108,8 +108,13 @@ class Store(Protocol):
     async def renew(self, claim: Claim, until: float) -> None:
         """Extend a lease; :class:`LeaseLost` if it is no longer ours."""
 
-    async def release(self, claim: Claim) -> None:
-        """Give a lease back cleanly (not a crash)."""
+    async def release(self, claim: Claim, hold_until: float | None = None) -> None:
+        """Give a lease back cleanly (not a crash); *hold_until* keeps the task unclaimable
+        until then (a worker backing off a task it cannot run)."""
+
+    async def set_status(self, claim: Claim, status: Status, reason: str) -> None:
+        """Change only the task row's status and reason, under the lease: for a task whose
+        snapshot cannot be read, so it can still be handed to a person."""
 
     async def commit(self, claim: Claim, checkpoint: Checkpoint, keep: int, lease_until: float) -> int:
         """Write one step atomically under the lease; returns the new version."""

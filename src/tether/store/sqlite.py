@@ -41,10 +41,14 @@ _TASK_COLUMNS = (
 _CLAIMABLE = """
     (lease_until IS NULL OR lease_until < :now)
     AND (status IN ('pending', 'running')
+         OR (lease_owner IS NOT NULL AND status NOT IN ('completed', 'failed', 'cancelled'))
          OR (status IN ('waiting', 'paused', 'needs_human', 'failed', 'completed')
              AND wake_at IS NOT NULL AND wake_at <= :now))
 """
+# A parked task whose holder died before committing (lease_owner still set) is claimable
+# again, or the wake the claim consumed would be lost with it.
 _OPEN_END = 1 << 62
+_FINISHED = ("completed", "failed", "cancelled")
 
 
 class SQLiteStore:
@@ -159,7 +163,7 @@ class SQLiteStore:
         owner, status = db.execute(
             "SELECT lease_owner, status FROM tasks WHERE task_id = ?", (task_id,)
         ).fetchone()
-        crashed = owner is not None and status == "running"
+        crashed = owner is not None and status not in _FINISHED
         fence, crashes = db.execute(
             "UPDATE tasks SET lease_owner = ?, lease_until = ?, fence = fence + 1, wake_at = NULL,"
             " crashes = crashes + ? WHERE task_id = ? RETURNING fence, crashes",
@@ -185,13 +189,22 @@ class SQLiteStore:
             self._check_fence(db, claim)
             db.execute("UPDATE tasks SET lease_until = ? WHERE task_id = ?", (until, claim.task_id))
 
-    async def release(self, claim: Claim) -> None:
+    async def release(self, claim: Claim, hold_until: float | None = None) -> None:
         with self._write() as db:
             self._check_fence(db, claim)
             db.execute(
-                "UPDATE tasks SET lease_owner = NULL, lease_until = NULL, fence = fence + 1"
+                "UPDATE tasks SET lease_owner = NULL, lease_until = ?, fence = fence + 1"
                 " WHERE task_id = ?",
-                (claim.task_id,),
+                (hold_until, claim.task_id),
+            )
+
+    async def set_status(self, claim: Claim, status: Status, reason: str) -> None:
+        with self._write() as db:
+            self._check_fence(db, claim)
+            db.execute(
+                "UPDATE tasks SET status = ?, reason = ?, updated_at = ?, wake_at = NULL"
+                " WHERE task_id = ?",
+                (status.value, reason, time.time(), claim.task_id),
             )
 
     # ------------------------------------------------------------------ checkpoints
@@ -235,12 +248,35 @@ class SQLiteStore:
                 (checkpoint.status.value, now, version, checkpoint.reason, checkpoint.wake_at,
                  lease_until, int(not checkpoint.progress), task_id),
             )
+            self._settle_inbox(db, task_id, checkpoint.status, now)
             if version > keep:
                 db.execute(
                     "DELETE FROM snapshots WHERE task_id = ? AND version <= ?",
                     (task_id, version - keep),
                 )
         return version
+
+    @staticmethod
+    def _settle_inbox(db: sqlite3.Connection, task_id: str, status: Status, now: float) -> None:
+        """Events that arrived after the runner's last look must not be stranded by this commit.
+
+        A parked task with such events is due at once; a finished one marks the events it can
+        never apply as ignored (levers that may reopen it, like rollback, stay pending).
+        """
+        if status is Status.RUNNING:
+            return
+        if status in (Status.COMPLETED, Status.CANCELLED):
+            db.execute(
+                "UPDATE events SET status = 'ignored', done_at = ? WHERE task_id = ?"
+                " AND status = 'pending' AND NOT (control AND ? = 'completed')",
+                (now, task_id, status.value),
+            )
+        wakes = "1" if status in (Status.WAITING, Status.PAUSED) else "control"
+        if db.execute(
+            f"SELECT 1 FROM events WHERE task_id = ? AND status = 'pending' AND {wakes} LIMIT 1",
+            (task_id,),
+        ).fetchone():
+            db.execute("UPDATE tasks SET wake_at = ? WHERE task_id = ?", (now, task_id))
 
     async def load_head(self, task_id: str, version: int | None = None) -> tuple[int, bytes]:
         if version is None:
@@ -310,9 +346,10 @@ class SQLiteStore:
                 self._check_capacity(db, event, limits)
             event_id = db.execute(
                 "INSERT INTO events (task_id, type, priority, payload, source_event_id,"
-                " coalesce_class, created_at) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                " coalesce_class, control, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                " RETURNING id",
                 (event.task_id, event.type, priority, orjson.dumps(event.payload),
-                 event.source_event_id, limits.coalesce, now),
+                 event.source_event_id, limits.coalesce, int(limits.wakes_needs_human), now),
             ).fetchone()[0]
             failpoint("event_stored")
             coalesced = 0

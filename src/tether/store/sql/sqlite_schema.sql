@@ -49,6 +49,7 @@ CREATE TABLE IF NOT EXISTS events (
     payload         BLOB,
     source_event_id TEXT,
     coalesce_class  TEXT,
+    control         INTEGER NOT NULL DEFAULT 0,  -- a lever (resume, rollback, cancel): wakes parked tasks
     status          TEXT NOT NULL DEFAULT 'pending',
     created_at      REAL NOT NULL,
     done_at         REAL
