@@ -8,6 +8,7 @@ change is the current frame's ``scratch`` dict, which is saved with the step.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, overload
@@ -15,32 +16,35 @@ from typing import Any, overload
 from tether.model import Action, Event, Frame, Snapshot
 
 
-class HistoryView(Sequence[dict[str, Any]]):
-    """The full dialog, read-only, without copying it every step."""
+class HistoryView(Sequence[Mapping[str, Any]]):
+    """The full dialog, read-only (entries are mapping proxies), without copying it every step."""
 
     def __init__(self, entries: list[dict[str, Any]]) -> None:
         self._entries = entries
 
     @overload
-    def __getitem__(self, index: int) -> dict[str, Any]: ...
+    def __getitem__(self, index: int) -> Mapping[str, Any]: ...
     @overload
-    def __getitem__(self, index: slice) -> Sequence[dict[str, Any]]: ...
-    def __getitem__(self, index: int | slice) -> dict[str, Any] | Sequence[dict[str, Any]]:
-        return self._entries[index]
+    def __getitem__(self, index: slice) -> Sequence[Mapping[str, Any]]: ...
+    def __getitem__(self, index: int | slice) -> Mapping[str, Any] | Sequence[Mapping[str, Any]]:
+        if isinstance(index, slice):
+            return [MappingProxyType(e) for e in self._entries[index]]
+        return MappingProxyType(self._entries[index])
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        return iter(self._entries)
+    def __iter__(self) -> Iterator[Mapping[str, Any]]:
+        return (MappingProxyType(e) for e in self._entries)
 
 
 class TaskView:
     """What an agent sees of its task. Only ``scratch`` may be changed."""
 
-    def __init__(self, snapshot: Snapshot, history: list[dict[str, Any]], scratch: dict[str, Any]):
+    def __init__(self, snapshot: Snapshot, history: list[dict[str, Any]], scratch: dict[str, Any],
+                 frame: Frame | None = None):
         self._snapshot = snapshot
-        self._frame: Frame = snapshot.frame
+        self._frame: Frame = frame or snapshot.frame
         self.scratch = scratch
         self.history = HistoryView(history)
 
@@ -50,8 +54,8 @@ class TaskView:
 
     @property
     def input(self) -> Any:
-        """This frame's input: the task input at the root, the Spawn input in a subtask."""
-        return self._frame.input
+        """This frame's input: the task input at the root, the Spawn input in a subtask (a copy)."""
+        return copy.deepcopy(self._frame.input)
 
     @property
     def step(self) -> int:
@@ -69,8 +73,8 @@ class TaskView:
 
     @property
     def child_result(self) -> Any:
-        """What the last finished subtask of this frame returned."""
-        return self._frame.child_result
+        """What the last finished subtask of this frame returned (a copy)."""
+        return copy.deepcopy(self._frame.child_result)
 
     @property
     def child_error(self) -> str | None:
@@ -78,7 +82,8 @@ class TaskView:
 
     @property
     def last_tool_result(self) -> Any:
-        return self._frame.last_tool_result
+        """The result of this frame's last tool call (a copy)."""
+        return copy.deepcopy(self._frame.last_tool_result)
 
     @property
     def last_tool_error(self) -> Mapping[str, Any] | None:

@@ -289,9 +289,8 @@ async def resume(harness: tt.Harness, task_id: str, message: str | None, patch: 
     frame_patch = _json_arg(patch, "--patch")
     if frame_patch is not None and not isinstance(frame_patch, dict):
         raise click.BadParameter("--patch must be a JSON object")
-    await harness.resume(task_id, message=message, frame_patch=frame_patch)
-    info = await harness.get(task_id)
-    click.echo(f"{task_id}: {info.record.status.value}")
+    receipt = await harness.resume(task_id, message=message, frame_patch=frame_patch)
+    await _report_lever(harness, task_id, receipt, "resume")
 
 
 @main.command()
@@ -301,10 +300,8 @@ async def resume(harness: tt.Harness, task_id: str, message: str | None, patch: 
 @harness_command
 async def rollback(harness: tt.Harness, task_id: str, version: int, redo_side_effects: bool) -> None:
     """Roll a task back to a kept version."""
-    await harness.rollback(task_id, version, redo_side_effects=redo_side_effects)
-    info = await harness.get(task_id)
-    click.echo(f"{task_id}: rolled back to {version}; now {info.record.status.value}"
-               f" at version {info.version}")
+    receipt = await harness.rollback(task_id, version, redo_side_effects=redo_side_effects)
+    await _report_lever(harness, task_id, receipt, f"rollback to version {version}")
 
 
 @main.command()
@@ -324,9 +321,29 @@ async def export(harness: tt.Harness, task_id: str, output: str) -> None:
 @harness_command
 async def cancel(harness: tt.Harness, task_id: str) -> None:
     """Cancel a task (a side-effecting call in flight is let finish first)."""
-    await harness.cancel(task_id)
+    receipt = await harness.cancel(task_id)
+    await _report_lever(harness, task_id, receipt, "cancel")
+
+
+async def _report_lever(harness: tt.Harness, task_id: str, receipt: tt.EmitReceipt,
+                        what: str) -> None:
+    """Say what became of a lever: applied (and the status now), queued, or refused and why."""
+    event = next(e for e in await harness.store.list_events(task_id)
+                 if e.event.id == receipt.event_id)
     info = await harness.get(task_id)
-    click.echo(f"{task_id}: {info.record.status.value}")
+    if event.status == "pending":
+        click.echo(f"{task_id}: {what} queued; the worker holding the task applies it at its next"
+                   f" step (now {info.record.status.value})")
+        return
+    records = [r for r in await harness.store.list_recovery_log(task_id)
+               if r.get("event_id") == receipt.event_id]
+    outcome = records[-1] if records else None
+    if event.status == "failed" or (outcome and outcome["resume_strategy"].endswith(
+            ("_failed", "_refused", "_ignored"))):
+        detail = outcome["detail"] if outcome else event.status
+        raise tt.TetherError(f"task {task_id}: {what} was not applied: {detail}")
+    click.echo(f"{task_id}: {what} applied; now {info.record.status.value} at version"
+               f" {info.version}")
 
 
 @main.command()

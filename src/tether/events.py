@@ -9,12 +9,13 @@ enforces dedup (a unique ``source_event_id`` per task) and capacity.
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import TYPE_CHECKING, Any
 
 from tether import recovery
 from tether.errors import InvalidInput, TaskNotFound, TetherError
-from tether.model import EmitReceipt, Event, Priority, Status, action_to_dict, to_plain
+from tether.model import EmitReceipt, Event, Frame, Priority, Status, action_to_dict, to_plain
 from tether.protocol import CONTROL_EVENTS, InterruptionProtocol
 from tether.settings import Settings
 from tether.store import InboxLimits, Store, StoredEvent
@@ -101,45 +102,75 @@ async def _cancel(runner: Runner, event: Event) -> None:
 
 
 async def _deliver(runner: Runner, event: Event, priority: int) -> None:
-    """Record a P0-P2 event in the dialog, end a matching wait, and ask the agent."""
+    """Record a P0-P2 event in the dialog, end a matching wait, and ask the agents."""
     snap = runner.snap
     assert event.id is not None
     runner.append_history(_history_entry(event))
-    frame = snap.frame
-    wait = frame.wait
-    if snap.status is Status.WAITING and wait and wait["event_type"] == event.type:
-        end_wait(runner, event.to_dict())
+    waiting = next((f for f in reversed(snap.stack)
+                    if f.wait and f.wait["event_type"] == event.type), None)
+    if waiting is not None:
+        end_wait(runner, event.to_dict(), waiting)
         return
-    scratch = dict(frame.scratch)
-    agent = runner.agent_for(frame)
-    try:
-        action = await agent.on_event(runner.view(scratch), event)
-        if action is not None:
-            action_to_dict(action)
-    except Exception as error:  # agent code may raise anything; the event is in the dialog
-        await recovery.hand_to_person(runner, f"agent {agent.name!r} failed handling event"
-                                      f" {event.id} ({event.type}): {type(error).__name__}: {error}")
+    handled = await _offer(runner, event)
+    if handled is None:
         return
-    if action is not None:
-        frame.scratch = scratch
-        runner.put_first(action)
+    if handled:
         if snap.status is Status.WAITING:
-            end_wait(runner, event.to_dict())
+            runner.set_status(Status.RUNNING)  # run the interjection; the wait stays armed
         return
+    snap.frame.unhandled[event.type] = event.to_dict()
     if priority == Priority.P0 and snap.status is Status.RUNNING:
         runner.set_status(Status.PAUSED)
         runner.log_recovery("pause", event.id, f"{event.type}: paused, to-do list kept")
-    elif priority == Priority.P2 and snap.call is not None and snap.call.retry_at:
+    elif priority == Priority.P2:
+        _retry_now(runner, event)
+
+
+async def _offer(runner: Runner, event: Event) -> bool | None:
+    """Offer the event to the top frame's agent, then to each parent's (R9).
+
+    The first agent that answers with an action gets it run before its frame's recorded
+    work. Each agent's changes to its scratch are kept whether or not it answers.
+    Returns None if an agent failed (the task then waits for a person).
+    """
+    for frame in reversed(runner.snap.stack):
+        agent = runner.agent_for(frame)
+        scratch = copy.deepcopy(frame.scratch)
+        try:
+            action = await agent.on_event(runner.view(scratch, frame), event)
+            if action is not None:
+                action_to_dict(action)
+        except Exception as error:  # agent code may raise anything; the event is in the dialog
+            await recovery.hand_to_person(runner, f"agent {agent.name!r} failed handling event"
+                                          f" {event.id} ({event.type}): {type(error).__name__}:"
+                                          f" {error}")
+            return None
+        frame.scratch = scratch
+        if action is not None:
+            runner.put_first(action, frame)
+            return True
+    return False
+
+
+def _retry_now(runner: Runner, event: Event) -> None:
+    """A P2 signal (retry, degrade...) brings a pending retry forward."""
+    snap = runner.snap
+    if snap.call is not None and snap.call.retry_at:
         snap.call.retry_at = time.time()
-        runner.log_recovery("retry_now", event.id, f"{event.type}: retrying the failed call now")
+    elif snap.recovery.retry_at:
+        snap.recovery.retry_at = time.time()
+    else:
+        return
+    runner.log_recovery("retry_now", event.id, f"{event.type}: retrying now")
 
 
-def end_wait(runner: Runner, outcome: dict[str, Any]) -> None:
-    """Resolve the frame's wait with the event that ended it (or a timeout marker)."""
-    frame = runner.snap.frame
+def end_wait(runner: Runner, outcome: dict[str, Any], frame: Frame | None = None) -> None:
+    """Resolve a frame's wait with the event that ended it (or a timeout marker)."""
+    frame = frame or runner.snap.frame
     frame.wait = None
     frame.last_event = outcome
-    runner.set_status(Status.RUNNING)
+    if frame is runner.snap.frame and runner.snap.status is Status.WAITING:
+        runner.set_status(Status.RUNNING)
 
 
 def _history_entry(event: Event) -> dict[str, Any]:

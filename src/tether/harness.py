@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
+import orjson
+
 from tether.agent import Agent
 from tether.bundle import dumps_bundle, export_bundle
 from tether.errors import ConfigurationError, UnknownAgent
@@ -168,8 +170,9 @@ class Harness:
                        redo_side_effects: bool = False) -> EmitReceipt:
         """Roll a task back to a kept version (R14). Side effects are not redone unless asked (E4)."""
         await ensure_task(self.store, task_id)
-        await self.store.load_head(task_id, version)
-        payload = {"version": version, "redo_side_effects": redo_side_effects}
+        _, head = await self.store.load_head(task_id, version)
+        payload = {"version": version, "redo_side_effects": redo_side_effects,
+                   "head": orjson.loads(head)}
         return await self._control(Event("rollback", task_id, payload))
 
     async def cancel(self, task_id: str) -> EmitReceipt:

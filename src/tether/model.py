@@ -251,6 +251,8 @@ class Frame:
     last_tool_result: Any = None
     last_tool_error: dict[str, Any] | None = None
     wait: dict[str, Any] | None = None
+    unhandled: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The newest event of each type no agent acted on, so a later Wait for it ends at once."""
 
 
 @dataclass

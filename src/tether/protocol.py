@@ -71,7 +71,7 @@ class InterruptionProtocol:
     def __init__(self, overrides: Mapping[str, Rule | Priority | int] | None = None) -> None:
         self._rules: dict[str, Rule] = dict(DEFAULT_RULES)
         for event_type, rule in (overrides or {}).items():
-            self._rules[event_type] = _as_rule(event_type, rule)
+            self._rules[event_type] = _as_rule(event_type, rule, self._rules.get(event_type))
 
     def rule_for(self, event_type: str, priority: Priority | int | None = None) -> Rule:
         """The rule for an event, with an explicit priority overriding the table's."""
@@ -100,7 +100,8 @@ def _as_priority(event_type: str, value: Priority | int) -> Priority:
         ) from None
 
 
-def _as_rule(event_type: str, rule: Rule | Priority | int) -> Rule:
+def _as_rule(event_type: str, rule: Rule | Priority | int, default: Rule | None) -> Rule:
+    """A full Rule replaces the default; a bare priority keeps the default's coalescing class."""
     if isinstance(rule, Rule):
         return Rule(_as_priority(event_type, rule.priority), rule.coalesce)
-    return Rule(_as_priority(event_type, rule))
+    return Rule(_as_priority(event_type, rule), default.coalesce if default else None)

@@ -15,6 +15,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from tether.errors import TetherError
 from tether.failpoints import failpoint
 from tether.model import (
@@ -107,9 +109,14 @@ async def resolve_in_doubt(runner: Runner) -> None:
     call = runner.snap.call
     assert call is not None
     record = await runner.store.get_idempotency(call.key)
-    if record and record.status == "succeeded" and record.args_hash == call.args_hash:
+    same_call = record is not None and record.args_hash == call.args_hash
+    if record and same_call and record.status == "succeeded":
         runner.log_recovery("reuse_result", detail=f"{call.tool} finished before the crash")
         await runner.finish_call(call, record.result, from_record=True)
+        return
+    if record and same_call and record.status == "failed":
+        call.status = "planned"  # its last attempt is known to have failed: safe to run
+        runner.log_recovery("rerun_failed", detail=f"{call.tool} key={call.key} had failed")
         return
     tool = runner.harness.tools.get(call.tool)
     if tool is None:
@@ -156,13 +163,14 @@ async def _revalidate_wait(runner: Runner) -> None:
     if not wait:
         return
     due = wait.get("due_at")
+    arrived_in_time = [
+        e for e in await runner.store.pending_events(runner.snap.task_id)
+        if e.event.type == wait["event_type"] and (due is None or e.event.created_at <= due)]
+    if arrived_in_time:
+        return  # the tick applies it: an event stored before the deadline beats the timeout
     if due is not None and due <= time.time():
         end_wait(runner, {"type": wait["event_type"], "timeout": True})
         runner.log_recovery("wait_timeout", detail=f"no {wait['event_type']} before the deadline")
-        return
-    pending = [e for e in await runner.store.pending_events(runner.snap.task_id)
-               if e.event.type == wait["event_type"]]
-    if pending:
         return
     agent = runner.agent_for(frame)
     found = await agent.check_wait(runner.view(), wait)
@@ -341,19 +349,22 @@ async def human_resume(runner: Runner, event: Event) -> None:
     """A person resumes a paused, waiting or parked task, optionally amending it."""
     snap = runner.snap
     assert event.id is not None
-    if snap.status not in (Status.PAUSED, Status.NEEDS_HUMAN, Status.FAILED, Status.WAITING):
-        runner.log_recovery("resume_ignored", event.id,
-                            f"task already {snap.status.value}; duplicate resume signal (R21)")
-        return
     payload = event.payload or {}
-    if payload.get("message"):
-        runner.append_history({"role": "user", "type": "resume", "content": payload["message"]})
-    if payload.get("frame_patch"):
-        snap.frame.scratch.update(payload["frame_patch"])
+    amended = bool(payload.get("message") or payload.get("frame_patch"))
+    if snap.status not in (Status.PAUSED, Status.NEEDS_HUMAN, Status.FAILED, Status.WAITING):
+        if amended and snap.status is Status.RUNNING:
+            _amend(runner, payload)
+            runner.log_recovery("amend", event.id, "task already running; the person's message"
+                                " and patch were applied without a recovery")
+        else:
+            runner.log_recovery("resume_ignored", event.id,
+                                f"task already {snap.status.value}; duplicate resume signal (R21)")
+        return
+    _amend(runner, payload)
     snap.recovery = type(snap.recovery)()
     snap.error = None
     runner.mark_progress()
-    _settle_call_for_resume(runner, amended=bool(payload.get("message") or payload.get("frame_patch")))
+    _settle_call_for_resume(runner, amended)
     if snap.frame.wait:
         snap.frame.wait = None
         snap.frame.last_event = {"type": "resume", "payload": payload}
@@ -368,6 +379,14 @@ async def branch_history(store: Store, snap: Snapshot) -> int:
     segments[-1][1] = snap.history_len
     snap.history_segments = [*segments, [epoch, -1]]
     return epoch
+
+
+def _amend(runner: Runner, payload: dict[str, Any]) -> None:
+    """Add a person's message to the dialog and merge their patch into the current frame."""
+    if payload.get("message"):
+        runner.append_history({"role": "user", "type": "resume", "content": payload["message"]})
+    if payload.get("frame_patch"):
+        runner.snap.frame.scratch.update(payload["frame_patch"])
 
 
 def _settle_call_for_resume(runner: Runner, amended: bool) -> None:
@@ -406,8 +425,11 @@ async def rollback(runner: Runner, event: Event) -> None:
     payload = event.payload or {}
     version = int(payload["version"])
     task_id = runner.snap.task_id
-    _, data = await runner.store.load_head(task_id, version)
-    old = Snapshot.loads(data, task_id, version)
+    if "head" in payload:  # captured when the rollback was asked for, so pruning cannot race it
+        old = Snapshot.loads(orjson.dumps(payload["head"]), task_id, version)
+    else:
+        _, data = await runner.store.load_head(task_id, version)
+        old = Snapshot.loads(data, task_id, version)
     failpoint("during_rollback")
     epoch = await branch_history(runner.store, old)
     if payload.get("redo_side_effects"):

@@ -113,9 +113,10 @@ class Runner:
             runner.log_recovery("fallback_version", detail=reason)
         return runner
 
-    def view(self, scratch: dict[str, Any] | None = None) -> TaskView:
-        scratch = copy.deepcopy(self.snap.frame.scratch) if scratch is None else scratch
-        return TaskView(self.snap, self.history, scratch)
+    def view(self, scratch: dict[str, Any] | None = None, frame: Frame | None = None) -> TaskView:
+        frame = frame or self.snap.frame
+        scratch = copy.deepcopy(frame.scratch) if scratch is None else scratch
+        return TaskView(self.snap, self.history, scratch, frame)
 
     def agent_for(self, frame: Frame) -> Agent:
         try:
@@ -165,6 +166,10 @@ class Runner:
             assert isinstance(pending, ToolCall), "an open call must head its frame's agenda"
             await self.call_tool(pending)
             return
+        if not frame.agenda and frame.wait:
+            self.set_status(Status.WAITING)  # an interjection ran; the armed wait resumes
+            await self.commit()
+            return
         if not frame.agenda:
             try:
                 action, scratch = await self.plan()
@@ -176,6 +181,7 @@ class Runner:
             self.snap.recovery.retry_at = None
             frame.scratch = scratch
             frame.agenda.append(action_to_dict(action))
+            return  # the loop drains the inbox before acting: what arrived meanwhile goes first
         action = action_from_dict(frame.agenda[0])
         failpoint("before_plan_recorded")
         if isinstance(action, ToolCall):
@@ -246,9 +252,13 @@ class Runner:
             self.append_history({"role": "system", "event": "spawn", "agent": action.agent,
                                  "depth": len(self.snap.stack) - 1})
         elif isinstance(action, Wait):
-            due = time.time() + action.timeout if action.timeout is not None else None
-            frame.wait = {"event_type": action.event_type, "due_at": due}
-            self.set_status(Status.WAITING)
+            arrived = frame.unhandled.pop(action.event_type, None)
+            if arrived is not None:
+                frame.last_event = arrived  # it came before the wait began (R16)
+            else:
+                due = time.time() + action.timeout if action.timeout is not None else None
+                frame.wait = {"event_type": action.event_type, "due_at": due}
+                self.set_status(Status.WAITING)
         elif isinstance(action, Finish | Fail):
             self.pop_frame(action)
         self._unsaved_steps += 1
@@ -343,6 +353,8 @@ class Runner:
         self.snap.call = call
         if record and record.status == "succeeded":
             self.log_recovery("reuse_result", detail=f"{action.name} already succeeded under {key}")
+            self.append_history({"role": "assistant", "tool_call": {
+                "name": call.tool, "args": call.args, "key": call.key}})
             await self.finish_call(call, record.result, from_record=True)
             return None
         if record and record.status == "started":
@@ -355,9 +367,10 @@ class Runner:
     async def invoke(self, tool: Tool, call: CallState) -> Any:
         ctx = ToolContext(self.snap.task_id, tool.name, call.key, call.attempt)
         work = self._with_timeout(tool, ctx, call.args)
-        result = await (self.cancellable(work) if tool.interruptible else work)
-        self.snap.resources.extend(ctx.resources)
-        return result
+        try:
+            return await (self.cancellable(work) if tool.interruptible else work)
+        finally:
+            self.snap.resources.extend(ctx.resources)  # also from failed attempts: cleaned up too
 
     @staticmethod
     async def _with_timeout(tool: Tool, ctx: ToolContext, args: dict[str, Any]) -> Any:
@@ -402,16 +415,16 @@ class Runner:
         """The next commit moves the task forward (the store's crash counter starts again)."""
         self._progress = True
 
-    def put_first(self, action: Action) -> None:
+    def put_first(self, action: Action, frame: Frame | None = None) -> None:
         """Run *action* before the frame's recorded work, keeping that work (the to-do list).
 
         A call that is open but not in flight (cancelled by a P0, or waiting
         out a retry) is parked inside its own agenda entry with its key and
         attempt count, and picked up again when that entry comes round.
         """
-        frame = self.snap.frame
+        frame = frame or self.snap.frame
         call = self.snap.call
-        if call is not None and frame.agenda:
+        if call is not None and frame is self.snap.frame and frame.agenda:
             frame.agenda[0]["open_call"] = dataclasses.asdict(call)
             self.snap.call = None
         frame.agenda.insert(0, action_to_dict(action))
@@ -424,7 +437,7 @@ class Runner:
         entry.setdefault("at", time.time())
         self.snap.history_len += 1
         epoch = self.snap.history_segments[-1][0]
-        self._rows.append(HistoryRow(epoch, self.snap.history_len, entry))
+        self._rows.append(HistoryRow(epoch, self.snap.history_len, to_plain(entry)))
         self.history.append(entry)
 
     def log_recovery(self, strategy: str, event_id: int | None = None, detail: str = "") -> None:
@@ -441,9 +454,14 @@ class Runner:
                     or self._unsaved_steps)
 
     async def flush(self) -> None:
-        """Commit what is buffered; a parked task is always committed once (its wake time)."""
-        if self.dirty or (self.snap.status is not Status.RUNNING and not self._committed):
+        """Commit what is buffered. A parked task whose head did not change only gets its wake
+        time back (the claim took it), without a new version crowding out rollback points."""
+        if self.dirty:
             await self.commit()
+        elif self.snap.status is not Status.RUNNING and not self._committed:
+            snap = self.snap
+            reason = snap.error if snap.status in (Status.NEEDS_HUMAN, Status.FAILED) else None
+            await self.store.set_status(self.claim, snap.status, reason, self._wake_at())
 
     async def commit(self) -> None:
         """Write the head and everything buffered since the last commit, atomically."""

@@ -587,10 +587,7 @@ async def test_r22_replanning_the_same_failing_call_stops_after_the_second_failu
 # ---------------------------------------------------------------------- R26: failed levers
 
 
-async def test_r26_rollback_to_a_version_pruned_meanwhile_is_marked_failed():
-    """R26, R14 (r14): a rollback accepted while its version was kept, but pruned by later
-    commits before the runner applied it, is marked failed in the event list; the task is
-    not parked forever on it (it carries on and completes)."""
+def _pruning_race_harness() -> tuple[tt.Harness, asyncio.Event, asyncio.Event]:
     h = tt.Harness("memory://", settings=fast_settings(keep_versions=3, defer_results_under=0))
     in_tool = asyncio.Event()
     release = asyncio.Event()
@@ -609,6 +606,13 @@ async def test_r26_rollback_to_a_version_pruned_meanwhile_is_marked_failed():
             t.scratch["n"] = n + 1
             return tt.ToolCall("work", {"n": n}) if n < 8 else tt.Finish("ok")
 
+    return h, in_tool, release
+
+
+async def test_r14_rollback_survives_its_version_being_pruned_before_it_is_applied():
+    """R14 (r14): harness.rollback captures the target head when asked, so later commits
+    pruning that version before the runner applies it cannot make the rollback fail."""
+    h, in_tool, release = _pruning_race_harness()
     tid = await h.submit("a")
     target: dict[str, int] = {}
 
@@ -622,13 +626,33 @@ async def test_r26_rollback_to_a_version_pruned_meanwhile_is_marked_failed():
     await run_alongside(h, person(), timeout=5)
     kept = [v for v, _, _ in await h.store.list_versions(tid)]
     assert target["version"] not in kept
+    assert ("rollback", "applied") in await event_states(h, tid)
+    log = await h.store.list_recovery_log(tid)
+    assert any(r["resume_strategy"] == "rollback"
+               and f"version {target['version']}" in r["detail"] for r in log)
+    assert (await h.get(tid)).record.status is tt.Status.COMPLETED
+    await h.close()
+
+
+async def test_r26_a_rollback_lever_that_cannot_be_applied_is_marked_failed():
+    """R26 (r14): a rollback event naming a version that is gone by the time it is applied
+    (sent without a captured head) is marked failed in the event list with a rollback_failed
+    record; the task is not parked forever on it and completes."""
+    h, in_tool, release = _pruning_race_harness()
+    tid = await h.submit("a")
+    target: dict[str, int] = {}
+
+    async def sender() -> None:
+        await asyncio.wait_for(in_tool.wait(), timeout=3)
+        target["version"] = (await h.store.list_versions(tid))[0][0]
+        receipt = await h.emit(tt.Event("rollback", tid, {"version": target["version"]}))
+        assert receipt.accepted
+        release.set()
+
+    await run_alongside(h, sender(), timeout=5)
     states = await event_states(h, tid)
     assert ("rollback", "failed") in states, states
     record = (await h.get(tid)).record
-    if record.status is tt.Status.NEEDS_HUMAN:  # a person may be asked, once; resume works
-        await h.resume(tid, message="please continue")
-        await h.run_until_idle(timeout=5)
-        record = (await h.get(tid)).record
     assert record.status is tt.Status.COMPLETED, (record.status, record.reason)
     assert all(s != "pending" for _, s in await event_states(h, tid))
     log = [r["resume_strategy"] for r in await h.store.list_recovery_log(tid)]

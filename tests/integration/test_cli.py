@@ -65,7 +65,7 @@ def test_emit_dedup_and_versions_and_rollback(cli) -> None:  # type: ignore[no-u
     kept = json.loads(cli("versions", task_id, "--json"))
     assert len(kept) >= 3
     out = cli("rollback", task_id, "--to", str(kept[0]["version"]))
-    assert f"rolled back to {kept[0]['version']}" in out
+    assert f"rollback to version {kept[0]['version']} applied" in out
 
 
 @pytest.mark.parametrize(
@@ -126,3 +126,16 @@ async def test_harness_is_an_async_context_manager(tmp_path: Path) -> None:
     assert harness._store is None
     with pytest.raises(Exception, match="closed"):
         await store.list_tasks()
+
+
+def test_a_lever_that_is_not_applied_says_why_and_exits_1(cli) -> None:  # type: ignore[no-untyped-def]
+    """R21, R26: a second resume of a task that is already running again is not applied; the
+    CLI says so with the reason and exits 1, instead of claiming success."""
+    task_id = cli("submit", "inventory").strip()
+    cli("worker", "--until-idle")
+    assert "resume applied; now running" in " ".join(cli("resume", task_id).split())
+    out = " ".join(cli("resume", task_id, ok=False).split())
+    assert "resume was not applied" in out
+    assert "duplicate resume signal" in out
+    closed = " ".join(cli("cancel", task_id).split())
+    assert "cancel applied; now cancelled" in closed

@@ -69,7 +69,8 @@ def test_overrides_by_rule_priority_or_int() -> None:
         "heartbeat": 2,
         "deploy": Rule(Priority.P0, coalesce="deploy"),
     })
-    assert protocol.rule_for("progress") == Rule(Priority.P1)
+    # a bare priority keeps the default coalescing class (E2)
+    assert protocol.rule_for("progress") == Rule(Priority.P1, coalesce="progress")
     assert protocol.rule_for("heartbeat").priority is Priority.P2
     assert protocol.rule_for("deploy") == Rule(Priority.P0, coalesce="deploy")
     assert protocol.rule_for("cancel").priority is Priority.P0

@@ -112,9 +112,11 @@ class Store(Protocol):
         """Give a lease back cleanly (not a crash); *hold_until* keeps the task unclaimable
         until then (a worker backing off a task it cannot run)."""
 
-    async def set_status(self, claim: Claim, status: Status, reason: str) -> None:
-        """Change only the task row's status and reason, under the lease: for a task whose
-        snapshot cannot be read, so it can still be handed to a person."""
+    async def set_status(self, claim: Claim, status: Status, reason: str | None,
+                         wake_at: float | None = None) -> None:
+        """Change only the task row (status, reason, wake time) under the lease, without a new
+        snapshot version: to park a task whose head did not change, or to hand over a task
+        whose snapshot cannot be read."""
 
     async def commit(self, claim: Claim, checkpoint: Checkpoint, keep: int, lease_until: float) -> int:
         """Write one step atomically under the lease; returns the new version."""

@@ -198,14 +198,17 @@ class SQLiteStore:
                 (hold_until, claim.task_id),
             )
 
-    async def set_status(self, claim: Claim, status: Status, reason: str) -> None:
+    async def set_status(self, claim: Claim, status: Status, reason: str | None,
+                         wake_at: float | None = None) -> None:
+        now = time.time()
         with self._write() as db:
             self._check_fence(db, claim)
             db.execute(
-                "UPDATE tasks SET status = ?, reason = ?, updated_at = ?, wake_at = NULL"
+                "UPDATE tasks SET status = ?, reason = ?, updated_at = ?, wake_at = ?"
                 " WHERE task_id = ?",
-                (status.value, reason, time.time(), claim.task_id),
+                (status.value, reason, now, wake_at, claim.task_id),
             )
+            self._settle_inbox(db, claim.task_id, status, now)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -271,7 +274,8 @@ class SQLiteStore:
                 " AND status = 'pending' AND NOT (control AND ? = 'completed')",
                 (now, task_id, status.value),
             )
-        wakes = "1" if status in (Status.WAITING, Status.PAUSED) else "control"
+        wakes = "(priority <= 2 OR control)" if status in (Status.WAITING, Status.PAUSED) \
+            else "control"
         if db.execute(
             f"SELECT 1 FROM events WHERE task_id = ? AND status = 'pending' AND {wakes} LIMIT 1",
             (task_id,),
@@ -342,7 +346,12 @@ class SQLiteStore:
                 if seen:
                     return EmitReceipt(False, int(seen[0]), "duplicate")
             self._check_open(db, event.task_id, limits)
-            if limits.refusable:
+            supersedes = ("coalesce_class = ? AND status = 'pending' AND created_at >= ?"
+                          " AND priority >= ?")
+            superseding = (limits.coalesce, now - limits.window, priority)
+            if limits.refusable and not (limits.coalesce and db.execute(
+                    f"SELECT 1 FROM events WHERE task_id = ? AND {supersedes} LIMIT 1",
+                    (event.task_id, *superseding)).fetchone()):
                 self._check_capacity(db, event, limits)
             event_id = db.execute(
                 "INSERT INTO events (task_id, type, priority, payload, source_event_id,"
@@ -354,14 +363,20 @@ class SQLiteStore:
             failpoint("event_stored")
             coalesced = 0
             if limits.coalesce is not None:
+                # Only older events at the same or a lower priority are replaced: a coalescing
+                # class never swallows a more urgent event.
                 coalesced = db.execute(
                     "UPDATE events SET status = 'coalesced', done_at = ? WHERE task_id = ?"
-                    " AND coalesce_class = ? AND status = 'pending' AND id <> ? AND created_at >= ?",
-                    (now, event.task_id, limits.coalesce, event_id, now - limits.window),
+                    f" AND id <> ? AND {supersedes}",
+                    (now, event.task_id, event_id, *superseding),
                 ).rowcount
-            wakeable = ["waiting", "paused", *(s.value for s in limits.reopens)]
+            # P3/P4 only update state: they never wake a parked task (R4).
+            wakeable = ["waiting", "paused"] if priority <= 2 else []
+            wakeable += [s.value for s in limits.reopens]
             if limits.wakes_needs_human:
                 wakeable.append("needs_human")
+            if not wakeable:
+                return EmitReceipt(True, int(event_id), "stored", coalesced)
             db.execute(
                 f"UPDATE tasks SET wake_at = ? WHERE task_id = ? AND status IN"
                 f" ({', '.join('?' * len(wakeable))})",
