@@ -213,8 +213,9 @@ class EmitReceipt:
 
     accepted: bool
     event_id: int
-    outcome: str  # "stored", "duplicate", "coalesced_others"
+    outcome: str  # "stored" or "duplicate"
     coalesced: int = 0
+    """How many older pending events of the same coalescing class this one replaced."""
 
 
 # --------------------------------------------------------------------------- snapshot
