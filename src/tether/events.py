@@ -15,7 +15,16 @@ from typing import TYPE_CHECKING, Any
 
 from tether import recovery
 from tether.errors import InvalidInput, TaskNotFound, TetherError
-from tether.model import EmitReceipt, Event, Frame, Priority, Status, action_to_dict, to_plain
+from tether.model import (
+    EmitReceipt,
+    Event,
+    Frame,
+    Priority,
+    Replan,
+    Status,
+    action_to_dict,
+    to_plain,
+)
 from tether.protocol import CONTROL_EVENTS, InterruptionProtocol
 from tether.settings import Settings
 from tether.store import InboxLimits, Store, StoredEvent
@@ -146,10 +155,27 @@ async def _offer(runner: Runner, event: Event) -> bool | None:
                                           f" {error}")
             return None
         frame.scratch = scratch
+        if isinstance(action, Replan):
+            _replan(runner, frame, event)
+            return True
         if action is not None:
             runner.put_first(action, frame)
             return True
     return False
+
+
+def _replan(runner: Runner, frame: Frame, event: Event) -> None:
+    """Forget what the frame had recorded but not started, so its agent plans again."""
+    snap = runner.snap
+    if frame is snap.frame and snap.call is not None:
+        if snap.call.status == "started":
+            runner.log_recovery("replan_refused", event.id, f"{snap.call.tool} is in doubt")
+            return
+        snap.call = None
+    dropped = [a["kind"] for a in frame.agenda]
+    frame.agenda.clear()
+    frame.wait = None
+    runner.log_recovery("replan", event.id, f"{event.type}: dropped {dropped or 'nothing'}")
 
 
 def _retry_now(runner: Runner, event: Event) -> None:

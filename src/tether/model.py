@@ -150,7 +150,13 @@ class Fail:
     reason: str
 
 
-Action = ToolCall | Spawn | Wait | Reply | Finish | Fail
+@dataclass(frozen=True)
+class Replan:
+    """Only from ``on_event``: drop this frame's recorded actions that have not started (and
+    its wait), and plan again. For an amended instruction that makes the planned call wrong."""
+
+
+Action = ToolCall | Spawn | Wait | Reply | Finish | Fail | Replan
 ACTION_KINDS: dict[str, type[Any]] = {
     "tool_call": ToolCall,
     "spawn": Spawn,
@@ -158,6 +164,7 @@ ACTION_KINDS: dict[str, type[Any]] = {
     "reply": Reply,
     "finish": Finish,
     "fail": Fail,
+    "replan": Replan,
 }
 _KIND_OF = {cls: kind for kind, cls in ACTION_KINDS.items()}
 

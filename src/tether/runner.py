@@ -36,6 +36,7 @@ from tether.model import (
     Finish,
     Frame,
     IdempotencyRecord,
+    Replan,
     Reply,
     Snapshot,
     Spawn,
@@ -193,6 +194,9 @@ class Runner:
         scratch = copy.deepcopy(self.snap.frame.scratch)
         agent = self.agent_for(self.snap.frame)
         action = await self.cancellable(agent.plan(self.view(scratch)))
+        if isinstance(action, Replan):
+            raise InvalidInput(f"agent {agent.name!r}: plan() returned Replan, which only"
+                               " on_event may return")
         action_to_dict(action)
         return action, scratch
 

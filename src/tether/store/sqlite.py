@@ -346,10 +346,13 @@ class SQLiteStore:
                 if seen:
                     return EmitReceipt(False, int(seen[0]), "duplicate")
             self._check_open(db, event.task_id, limits)
-            supersedes = ("coalesce_class = ? AND status = 'pending' AND created_at >= ?"
-                          " AND priority >= ?")
-            superseding = (limits.coalesce, now - limits.window, priority)
-            if limits.refusable and not (limits.coalesce and db.execute(
+            # Newer replaces older pending events of its coalescing class inside the window, and
+            # a P3/P4 event (state only) replaces older pending ones of its type at any age.
+            supersedes = ("status = 'pending' AND priority >= ? AND ((coalesce_class = ?"
+                          " AND created_at >= ?) OR (? AND type = ?))")
+            superseding = (priority, limits.coalesce, now - limits.window, int(priority >= 3),
+                           event.type)
+            if limits.refusable and not (db.execute(
                     f"SELECT 1 FROM events WHERE task_id = ? AND {supersedes} LIMIT 1",
                     (event.task_id, *superseding)).fetchone()):
                 self._check_capacity(db, event, limits)
@@ -361,15 +364,13 @@ class SQLiteStore:
                  event.source_event_id, limits.coalesce, int(limits.wakes_needs_human), now),
             ).fetchone()[0]
             failpoint("event_stored")
-            coalesced = 0
-            if limits.coalesce is not None:
-                # Only older events at the same or a lower priority are replaced: a coalescing
-                # class never swallows a more urgent event.
-                coalesced = db.execute(
-                    "UPDATE events SET status = 'coalesced', done_at = ? WHERE task_id = ?"
-                    f" AND id <> ? AND {supersedes}",
-                    (now, event.task_id, event_id, *superseding),
-                ).rowcount
+            # Only older events at the same or a lower priority are replaced: coalescing never
+            # swallows a more urgent event.
+            coalesced = db.execute(
+                "UPDATE events SET status = 'coalesced', done_at = ? WHERE task_id = ?"
+                f" AND id <> ? AND {supersedes}",
+                (now, event.task_id, event_id, *superseding),
+            ).rowcount
             # P3/P4 only update state: they never wake a parked task (R4).
             wakeable = ["waiting", "paused"] if priority <= 2 else []
             wakeable += [s.value for s in limits.reopens]

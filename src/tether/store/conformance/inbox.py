@@ -117,12 +117,27 @@ class InboxConformance:
         """R6: only events inside the window coalesce; an older one stays pending."""
         now = time.time()
         await make_task(store, "t1")
-        rule = limits(coalesce="progress", window=1.0)
-        first = await store.add_event(event("t1", "progress", 1), 3, rule, now)
-        second = await store.add_event(event("t1", "progress", 2), 3, rule, now + 5)
+        rule = limits(coalesce="recovery", window=1.0)
+        first = await store.add_event(event("t1", "tool_error", 1), 2, rule, now)
+        second = await store.add_event(event("t1", "tool_error", 2), 2, rule, now + 5)
         assert second.coalesced == 0
         assert [e.event.id for e in await store.pending_events("t1")] == [first.event_id,
                                                                           second.event_id]
+
+    async def test_state_only_events_keep_only_the_newest_at_any_age(self, store: Store) -> None:
+        """R4, R7: P3/P4 events only update state, so a newer one of the same type replaces a
+        pending older one whatever its age: a parked task's inbox cannot fill with heartbeats."""
+        now = time.time()
+        await make_task(store, "t1")
+        rule = limits(coalesce="heartbeat", window=1.0, capacity=2, refusable=True)
+        for n in range(5):
+            receipt = await store.add_event(event("t1", "heartbeat", n), 4, rule, now + 10 * n)
+            assert receipt.accepted
+        pending = await store.pending_events("t1")
+        assert [e.event.payload for e in pending] == [4]
+        urgent = await store.add_event(event("t1", "tool_error"), 2, limits(refusable=True,
+                                                                            capacity=2), now + 60)
+        assert urgent.accepted
 
     async def test_content_events_are_never_coalesced(self, store: Store) -> None:
         """E2: events with coalesce=None (user messages) are never dropped, however close."""
