@@ -117,7 +117,7 @@ async def test_r14_rollback_to_pruned_version_raises_version_not_found():
     tid = await h.submit("charger")
     await h.run_until_idle(timeout=5)
     kept = [v for v, _, _ in await h.store.list_versions(tid)]
-    assert 1 not in kept and len(kept) == 3
+    assert len(kept) == 3 and min(kept) > 1
     before = await h.get(tid)
     with pytest.raises(tt.VersionNotFound, match="not kept"):
         await h.rollback(tid, 1)

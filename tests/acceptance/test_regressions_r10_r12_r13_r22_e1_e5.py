@@ -719,7 +719,7 @@ async def test_e8_snapshot_from_newer_code_makes_an_old_worker_back_off():
     await asyncio.sleep(0.8)
     stop.set()
     await server
-    assert 1 <= len(claims) <= 5, f"{len(claims)} claims in 0.8 s"
+    assert len(claims) in range(1, 6), f"{len(claims)} claims in 0.8 s"
     record = await h.store.get_task(tid)
     assert record.status is tt.Status.PENDING and record.lease_owner is None
     assert (await h.store.load_head(tid))[1] == orjson.dumps(head)

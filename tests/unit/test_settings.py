@@ -15,7 +15,7 @@ def test_defaults_are_sensible() -> None:
     settings = Settings()
     assert 3 <= settings.max_recovery_attempts <= 5
     assert settings.keep_versions == 10
-    assert 1.0 <= settings.coalesce_window <= 2.0
+    assert settings.coalesce_window >= 1.0 and settings.coalesce_window <= 2.0
     assert settings.checkpoint_every_steps == 1
     assert settings.inbox_capacity >= 1
     assert settings.recovery_timeout > 0
