@@ -127,7 +127,6 @@ async def _deliver(runner: Runner, event: Event, priority: int) -> None:
         if snap.status is Status.WAITING:
             runner.set_status(Status.RUNNING)  # run the interjection; the wait stays armed
         return
-    snap.frame.unhandled[event.type] = event.to_dict()
     if priority == Priority.P0 and snap.status is Status.RUNNING:
         runner.set_status(Status.PAUSED)
         runner.log_recovery("pause", event.id, f"{event.type}: paused, to-do list kept")

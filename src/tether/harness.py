@@ -171,6 +171,7 @@ class Harness:
         """Roll a task back to a kept version (R14). Side effects are not redone unless asked (E4)."""
         await ensure_task(self.store, task_id)
         _, head = await self.store.load_head(task_id, version)
+        Snapshot.loads(head, task_id, version)  # a damaged version is refused here, by name
         payload = {"version": version, "redo_side_effects": redo_side_effects,
                    "head": orjson.loads(head)}
         return await self._control(Event("rollback", task_id, payload))

@@ -56,8 +56,10 @@ _TRANSITIONS: dict[Status, frozenset[Status]] = {
             Status.CANCELLED,
         }
     ),
-    Status.PAUSED: frozenset({Status.RUNNING, Status.CANCELLED, Status.NEEDS_HUMAN}),
-    Status.WAITING: frozenset({Status.RUNNING, Status.CANCELLED, Status.NEEDS_HUMAN}),
+    Status.PAUSED: frozenset({Status.RUNNING, Status.CANCELLED, Status.NEEDS_HUMAN,
+                              Status.FAILED}),
+    Status.WAITING: frozenset({Status.RUNNING, Status.CANCELLED, Status.NEEDS_HUMAN,
+                               Status.FAILED}),
     Status.NEEDS_HUMAN: frozenset({Status.RUNNING, Status.CANCELLED, Status.FAILED}),
     Status.COMPLETED: frozenset(),
     Status.FAILED: frozenset({Status.RUNNING}),
@@ -259,8 +261,6 @@ class Frame:
     last_tool_result: Any = None
     last_tool_error: dict[str, Any] | None = None
     wait: dict[str, Any] | None = None
-    unhandled: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """The newest event of each type no agent acted on, so a later Wait for it ends at once."""
 
 
 @dataclass

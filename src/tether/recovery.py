@@ -22,6 +22,7 @@ from tether.failpoints import failpoint
 from tether.model import (
     CallState,
     Event,
+    Replan,
     Snapshot,
     Status,
     to_plain,
@@ -172,13 +173,34 @@ async def _revalidate_wait(runner: Runner) -> None:
         end_wait(runner, {"type": wait["event_type"], "timeout": True})
         runner.log_recovery("wait_timeout", detail=f"no {wait['event_type']} before the deadline")
         return
+    await ask_check_wait(runner)
+
+
+async def ask_check_wait(runner: Runner) -> None:
+    """Ask the agent whether what the frame waits for has already happened (R16).
+
+    Asked when a Wait begins (an approval may have come in while the task was still busy:
+    it is in the dialog, and the agent decides whether it counts) and whenever a waiting
+    task is loaded again (it may have happened outside without an event).
+    """
+    from tether.events import end_wait
+
+    frame = runner.snap.frame
+    wait = frame.wait
+    if not wait:
+        return
     agent = runner.agent_for(frame)
-    found = await agent.check_wait(runner.view(), wait)
+    try:
+        found = await agent.check_wait(runner.view(), wait)
+        found = None if found is None else to_plain(found)
+    except Exception as error:  # agent code may raise anything
+        await hand_to_person(runner, f"check_wait of agent {agent.name!r} failed:"
+                             f" {type(error).__name__}: {error}")
+        return
     if found is not None:
-        end_wait(runner, {"type": wait["event_type"], "payload": to_plain(found),
-                          "source": "check_wait"})
+        end_wait(runner, {"type": wait["event_type"], "payload": found, "source": "check_wait"})
         runner.log_recovery("wait_validated", detail=f"{wait['event_type']} had already"
-                            " happened outside; the wait ends without the event")
+                            " happened; the wait ends without a new event")
 
 
 def check_resources(runner: Runner) -> None:
@@ -274,7 +296,10 @@ async def _give_up(runner: Runner, call: CallState, fingerprint: str) -> None:
         frame.steps += 1
         snap.step += 1
         snap.call = None
-        runner.put_first(action)
+        if isinstance(action, Replan):
+            frame.agenda.clear()  # plan again, now knowing the call failed
+        else:
+            runner.put_first(action)
         runner.log_recovery("skip", detail=f"{call.tool} failed for good ({call.error}); the"
                             f" agent chose {type(action).__name__}")
         await runner.commit()
@@ -365,8 +390,8 @@ async def human_resume(runner: Runner, event: Event) -> None:
     snap.error = None
     runner.mark_progress()
     _settle_call_for_resume(runner, amended)
-    if snap.frame.wait:
-        snap.frame.wait = None
+    if snap.frame.wait and snap.status is Status.WAITING:
+        snap.frame.wait = None  # a person ends the wait; a paused task keeps its armed wait
         snap.frame.last_event = {"type": "resume", "payload": payload}
     runner.set_status(Status.RUNNING)
     runner.log_recovery("human_resume", event.id, str(payload.get("message") or "resumed"))

@@ -256,13 +256,10 @@ class Runner:
             self.append_history({"role": "system", "event": "spawn", "agent": action.agent,
                                  "depth": len(self.snap.stack) - 1})
         elif isinstance(action, Wait):
-            arrived = frame.unhandled.pop(action.event_type, None)
-            if arrived is not None:
-                frame.last_event = arrived  # it came before the wait began (R16)
-            else:
-                due = time.time() + action.timeout if action.timeout is not None else None
-                frame.wait = {"event_type": action.event_type, "due_at": due}
-                self.set_status(Status.WAITING)
+            due = time.time() + action.timeout if action.timeout is not None else None
+            frame.wait = {"event_type": action.event_type, "due_at": due}
+            self.set_status(Status.WAITING)
+            await recovery.ask_check_wait(self)  # it may already have happened (R16)
         elif isinstance(action, Finish | Fail):
             self.pop_frame(action)
         self._unsaved_steps += 1

@@ -183,8 +183,7 @@ async def run_claimed(harness: Harness, claim: Claim, steps: bool = True) -> Sta
 async def _drive(runner: Runner, steps: bool) -> Status:
     if steps:
         return await runner.run()
-    if runner.claim.crashed:
-        await restore(runner)
+    await restore(runner)  # a pending task becomes running; a crashed one is recovered first
     await runner.tick()
     await runner.flush()
     return runner.snap.status

@@ -76,7 +76,8 @@ async def test_e6_r16_approval_stored_before_deadline_but_picked_up_late_beats_t
 async def test_r16_approval_arriving_before_the_wait_is_not_lost():
     """R16 (r1 scenario B): the approval arrives while the task is still running (its tool
     asks for approval and the approver is fast), before the agent plans Wait("approval").
-    The approval is kept, and the Wait ends at once with it instead of waiting forever."""
+    It is in the dialog, check_wait is asked when the Wait begins, finds it there, and the
+    Wait ends at once with it instead of waiting forever."""
     h = tt.Harness("memory://", settings=fast_settings())
 
     @h.tool()
@@ -92,6 +93,10 @@ async def test_r16_approval_arriving_before_the_wait_is_not_lost():
             if t.last_event is None:
                 return tt.Wait("approval")
             return tt.Finish(dict(t.last_event))
+
+        async def check_wait(self, t, wait):
+            seen = [e for e in t.history if e.get("type") == wait["event_type"]]
+            return seen[-1]["content"] if seen else None
 
     tid = await h.submit("b")
     await h.run_until_idle(timeout=5)
@@ -192,6 +197,8 @@ async def test_r4_r14_heartbeats_and_progress_never_wake_a_waiting_task_or_prune
     tid = await h.submit("a")
     await h.run_until_idle(timeout=5)
     assert (await h.get(tid)).record.status is tt.Status.WAITING
+    assert len(checks) == 1  # asked once, when the wait began (R16)
+    checks.clear()
     kept_before = await version_numbers(h, tid)
     head_before = (await h.get(tid)).version
 

@@ -165,7 +165,7 @@ class SQLiteStore:
         ).fetchone()
         crashed = owner is not None and status not in _FINISHED
         fence, crashes = db.execute(
-            "UPDATE tasks SET lease_owner = ?, lease_until = ?, fence = fence + 1, wake_at = NULL,"
+            "UPDATE tasks SET lease_owner = ?, lease_until = ?, fence = fence + 1,"
             " crashes = crashes + ? WHERE task_id = ? RETURNING fence, crashes",
             (worker, now + lease, int(crashed), task_id),
         ).fetchone()
@@ -350,8 +350,8 @@ class SQLiteStore:
             # a P3/P4 event (state only) replaces older pending ones of its type at any age.
             supersedes = ("status = 'pending' AND priority >= ? AND ((coalesce_class = ?"
                           " AND created_at >= ?) OR (? AND type = ?))")
-            superseding = (priority, limits.coalesce, now - limits.window, int(priority >= 3),
-                           event.type)
+            superseding = (priority, limits.coalesce, now - limits.window,
+                           int(priority >= 3 and limits.coalesce is not None), event.type)
             if limits.refusable and not (db.execute(
                     f"SELECT 1 FROM events WHERE task_id = ? AND {supersedes} LIMIT 1",
                     (event.task_id, *superseding)).fetchone()):

@@ -227,6 +227,21 @@ class TaskConformance:
         assert await store.claim("w2", now + 2 * LEASE, LEASE) is None
         assert await store.claim_task("t1", "w2", now + 4 * LEASE, LEASE) is not None
 
+    async def test_release_with_hold_keeps_the_wake_for_later(self, store: Store) -> None:
+        """E6, E8: a worker backing off (hold_until) neither takes the task's wake away nor
+        lets it be claimed again before the hold ends; afterwards it is due again."""
+        now = time.time()
+        await make_task(store, "t1")
+        lease = await claim(store, "t1", now)
+        await commit(store, lease, Status.WAITING, now, wake_at=now + 1)
+        await store.release(lease)
+        woken = await store.claim("w2", now + 2, LEASE)
+        assert woken is not None
+        await store.release(woken, hold_until=now + 50)
+        assert await store.claim("w3", now + 10, LEASE) is None
+        later = await store.claim("w3", now + 60, LEASE)
+        assert later is not None and later.task_id == "t1"
+
     async def test_renew_after_release_raises_lease_lost(self, store: Store) -> None:
         """E5: a released lease is no longer ours; renewing it must not re-take the task."""
         now = time.time()
