@@ -465,6 +465,7 @@ async def rollback(runner: Runner, event: Event) -> None:
         old.status = Status.RUNNING
     elif old.status is Status.NEEDS_HUMAN or old.status.is_terminal:
         old.status = Status.PAUSED
+    runner.forget_uncommitted()
     runner.snap = old
     history = await runner.store.read_history(task_id, old.history_segments)
     runner.history[:] = history[: old.history_len]

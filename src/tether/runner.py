@@ -445,6 +445,14 @@ class Runner:
         record = recovery.log_record(self, strategy, event_id, detail)
         self._log.append(record)
 
+    def forget_uncommitted(self) -> None:
+        """A rollback replaced the state: events applied since the last commit go back to the
+        inbox (they are still pending in the store) and their dialog rows are dropped. Records
+        of what tools did are kept: the outside world does not roll back."""
+        self.applied -= {event_id for event_id, _ in self._events_done}
+        self._events_done = []
+        self._rows = []
+
     def done_event(self, event_id: int, disposition: str) -> None:
         self.applied.add(event_id)
         self._events_done.append((event_id, disposition))

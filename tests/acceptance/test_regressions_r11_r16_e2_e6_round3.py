@@ -174,3 +174,28 @@ async def test_e2_state_priority_does_not_collapse_content_events() -> None:
     assert states.count(("user_message", "pending")) == 3
     assert states.count(("note", "pending")) == 3
     await h.close()
+
+
+async def test_r14_an_event_applied_in_the_same_tick_before_a_rollback_is_not_lost() -> None:
+    """R14/R19: a user message and a rollback reach a parked task together; the message is
+    applied first, then the rollback replaces the state. The message is applied again on the
+    rolled-back state instead of vanishing with the discarded one."""
+    h = tt.Harness("memory://", settings=FAST)
+
+    @h.agent("a")
+    class A(tt.Agent):
+        async def plan(self, t: tt.TaskView) -> tt.Action:
+            return tt.Wait("approval")
+
+    tid = await h.submit("a")
+    await h.run_until_idle(timeout=5)
+    target = (await h.get(tid)).version
+    await h.emit(tt.Event("user_interrupt", tid, {"note": "look at this"}))
+    await h.emit(tt.Event("rollback", tid, {"version": target}))
+    await h.run_until_idle(timeout=5)
+    history = await h.history(tid)
+    assert [e["content"] for e in history if e.get("type") == "user_interrupt"] == [
+        {"note": "look at this"}]
+    states = {(e.event.type, e.status) for e in await h.store.list_events(tid)}
+    assert states == {("user_interrupt", "applied"), ("rollback", "applied")}
+    await h.close()
