@@ -66,6 +66,7 @@ async def restore(runner: Runner) -> None:
         return
     if snap.status is Status.PENDING:
         runner.set_status(Status.RUNNING)
+        await runner.store.set_status(runner.claim, Status.RUNNING, None)  # visible at once (R2)
     crashed = runner.claim.crashed
     in_doubt = snap.call is not None and snap.call.status == "started"
     if crashed or in_doubt:

@@ -223,9 +223,25 @@ class Runner:
             self._preempting = False
 
     def stop(self) -> None:
-        """Finish the step in flight, commit, and return (a graceful stop, E5)."""
+        """Finish the step in flight, commit, and return (a graceful stop, E5).
+
+        A plan (model call) or interruptible tool in flight is cancelled at once, as a P0
+        would: it is redone by the next worker, and nothing about it is in doubt. A
+        side-effecting call is always let finish.
+        """
         self._stopping = True
         self.wake.set()
+        self._cancel_cancellable()
+
+    def safe_to_release(self) -> bool:
+        """Whether this task can be handed over cleanly though its step was cut off: true
+        unless a side-effecting call may be in flight (that one is left to crash recovery,
+        which asks its reconcile hook)."""
+        call = self.snap.call
+        if call is None or call.status != "started":
+            return True
+        tool = self.harness.tools.get(call.tool)
+        return tool is not None and not tool.side_effect
 
     def unseen(self, pending: list[StoredEvent]) -> list[StoredEvent]:
         """Pending events this runner has not applied yet (applied ones wait for a commit)."""
@@ -234,7 +250,11 @@ class Runner:
     def notify(self, priority: int) -> None:
         """Called when an event for this task is stored; P0 cancels interruptible work."""
         self.wake.set()
-        if priority == 0 and self._cancellable is not None and not self._cancellable.done():
+        if priority == 0:
+            self._cancel_cancellable()
+
+    def _cancel_cancellable(self) -> None:
+        if self._cancellable is not None and not self._cancellable.done():
             self._preempting = True
             self._cancellable.cancel()
 

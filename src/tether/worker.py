@@ -62,7 +62,8 @@ class Worker:
         claimed = False
         while len(self.active) < self.concurrency:
             claim = await self.harness.store.claim(
-                self.harness.worker_id, time.time(), self.harness.settings.lease_seconds)
+                self.harness.worker_id, time.time(), self.harness.settings.lease_seconds,
+                busy=tuple(self.active))
             if claim is None:
                 break
             claimed = True
@@ -165,6 +166,11 @@ async def run_claimed(harness: Harness, claim: Claim, steps: bool = True) -> Sta
     harness.runners[claim.task_id] = runner
     try:
         status = await _drive(runner, steps)
+    except asyncio.CancelledError:
+        if runner.safe_to_release():  # cut off by the drain timeout: hand over, no crash
+            with contextlib.suppress(Exception):
+                await store.release(claim)
+        raise
     except (LeaseLost, StoreError) as error:
         harness.log.warning("task %s: %s; leaving it for recovery", claim.task_id, error)
         return None

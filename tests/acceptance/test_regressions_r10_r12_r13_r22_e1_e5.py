@@ -707,8 +707,8 @@ async def test_e8_snapshot_from_newer_code_makes_an_old_worker_back_off():
     original = h.store.claim
     claims: list[str] = []
 
-    async def counting_claim(*args: Any) -> Any:
-        claim = await original(*args)
+    async def counting_claim(*args: Any, **kwargs: Any) -> Any:
+        claim = await original(*args, **kwargs)
         if claim is not None:
             claims.append(claim.task_id)
         return claim

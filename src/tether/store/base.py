@@ -10,7 +10,7 @@ a worker whose lease was taken over can never land a write.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -99,8 +99,10 @@ class Store(Protocol):
     async def count_by_status(self) -> dict[str, int]:
         """How many tasks are in each status."""
 
-    async def claim(self, worker: str, now: float, lease: float) -> Claim | None:
-        """Lease the next task that has work to do, or None."""
+    async def claim(self, worker: str, now: float, lease: float,
+                    busy: Collection[str] = ()) -> Claim | None:
+        """Lease the next task that has work to do, or None; never one of *busy* (the tasks
+        this worker is still running, whose leases may have lapsed while it was slow)."""
 
     async def claim_task(self, task_id: str, worker: str, now: float, lease: float) -> Claim | None:
         """Lease one particular task if no live lease holds it."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from importlib import resources
 from typing import Any
@@ -38,15 +38,23 @@ SCHEMA_VERSION = "1"
 _TASK_COLUMNS = (
     "task_id, agent, status, created_at, updated_at, head_version, reason, lease_owner, lease_until"
 )
-_CLAIMABLE = """
-    (lease_until IS NULL OR lease_until < :now)
-    AND (status IN ('pending', 'running')
-         OR (lease_owner IS NOT NULL AND status NOT IN ('completed', 'failed', 'cancelled'))
-         OR (status IN ('waiting', 'paused', 'needs_human', 'failed', 'completed')
-             AND wake_at IS NOT NULL AND wake_at <= :now))
+# Claimable: not leased (or the lease expired), not among the tasks the asking worker is still
+# running (its runner may only be slow), and with work to do. Two index-friendly branches, so idle workers
+# stay cheap however many finished tasks the table holds: open tasks (partial index), and
+# finished tasks that a lever (rollback, resume of a failure) woke up.
+_FREE = ("(lease_until IS NULL OR lease_until < :now)"
+         " AND task_id NOT IN (SELECT value FROM json_each(:busy))")
+_CANDIDATES = f"""
+    SELECT task_id, COALESCE(wake_at, created_at) AS due FROM tasks INDEXED BY tasks_open
+     WHERE status IN ('pending', 'running', 'waiting', 'paused', 'needs_human') AND {_FREE}
+       AND (status IN ('pending', 'running') OR lease_owner IS NOT NULL
+            OR (wake_at IS NOT NULL AND wake_at <= :now))
+    UNION ALL
+    SELECT task_id, wake_at AS due FROM tasks
+     WHERE status IN ('failed', 'completed') AND wake_at <= :now AND {_FREE}
+    ORDER BY due LIMIT 8
 """
-# A parked task whose holder died before committing (lease_owner still set) is claimable
-# again, or the wake the claim consumed would be lost with it.
+# A parked task whose holder died (lease_owner still set, lease expired) is claimable again.
 _OPEN_END = 1 << 62
 _FINISHED = ("completed", "failed", "cancelled")
 
@@ -138,14 +146,21 @@ class SQLiteStore:
 
     # ------------------------------------------------------------------ leases
 
-    async def claim(self, worker: str, now: float, lease: float) -> Claim | None:
+    async def claim(self, worker: str, now: float, lease: float,
+                    busy: Collection[str] = ()) -> Claim | None:
+        """Find candidates with a plain read, then take the first still free under the lock."""
+        params = {"now": now, "busy": orjson.dumps(list(busy)).decode()}
+        candidates = [row[0] for row in self._db.execute(_CANDIDATES, params)]
+        if not candidates:
+            return None
         with self._write() as db:
-            row = db.execute(
-                f"SELECT task_id FROM tasks WHERE {_CLAIMABLE}"
-                " ORDER BY COALESCE(wake_at, created_at) LIMIT 1",
-                {"now": now},
-            ).fetchone()
-            return self._take(db, row[0], worker, now, lease) if row else None
+            for task_id in candidates:
+                if db.execute(
+                    f"SELECT 1 FROM ({_CANDIDATES}) WHERE task_id = :task_id",
+                    {**params, "task_id": task_id},
+                ).fetchone():
+                    return self._take(db, task_id, worker, now, lease)
+        return None
 
     async def claim_task(self, task_id: str, worker: str, now: float, lease: float) -> Claim | None:
         with self._write() as db:

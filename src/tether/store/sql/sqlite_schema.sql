@@ -21,6 +21,9 @@ CREATE TABLE IF NOT EXISTS tasks (
     max_epoch    INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS tasks_by_status ON tasks (status, wake_at);
+-- Only unfinished tasks: what workers look through, however many finished tasks pile up.
+CREATE INDEX IF NOT EXISTS tasks_open ON tasks (status, wake_at)
+    WHERE status IN ('pending', 'running', 'waiting', 'paused', 'needs_human');
 
 -- Snapshot heads, versioned and never overwritten; the newest N are kept.
 CREATE TABLE IF NOT EXISTS snapshots (
