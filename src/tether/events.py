@@ -56,7 +56,8 @@ class Inbox:
             raise InvalidInput(f"event {event.type!r} names no task_id")
         if event.source_event_id is not None and not isinstance(event.source_event_id, str):
             raise InvalidInput("source_event_id must be a string")
-        event.payload = to_plain(event.payload)
+        event.payload = to_plain(event.payload, self.settings.max_payload_bytes,
+                                 f"payload of event {event.type!r}")
         rule = self.protocol.rule_for(event.type, event.priority)
         limits = InboxLimits(
             capacity=self.settings.inbox_capacity,

@@ -142,7 +142,7 @@ class Harness:
             known = ", ".join(sorted(self.agents)) or "none"
             raise UnknownAgent(f"no agent {agent!r} is registered (known: {known})")
         task_id = task_id or new_id()
-        plain = _to_plain(input)
+        plain = _to_plain(input, self.settings.max_payload_bytes, "task input")
         now = time.time()
         snap = Snapshot(task_id=task_id, agent=agent, input=plain, created_at=now,
                         stack=[Frame(agent=agent, input=plain)])

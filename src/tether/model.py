@@ -20,9 +20,11 @@ from typing import Any
 import orjson
 
 from tether.errors import CorruptSnapshot, IllegalTransition, InvalidInput, SnapshotTooNew
+from tether.migrations import upgrade
 
-SNAPSHOT_FORMAT = 1
-"""Bumped whenever the head's layout changes; stored in every snapshot."""
+SNAPSHOT_FORMAT = 2
+"""Bumped whenever the head's layout changes; stored in every snapshot. Older heads are
+upgraded on load by :mod:`tether.migrations`."""
 
 
 class Status(enum.StrEnum):
@@ -85,19 +87,25 @@ class Priority(enum.IntEnum):
     P4 = 4
 
 
-def to_plain(value: Any) -> Any:
+def to_plain(value: Any, limit: int | None = None, what: str = "value") -> Any:
     """Convert *value* to plain JSON data, or fail naming what would not convert.
 
     Dataclasses and pydantic-style objects (``model_dump``) are converted;
     anything else that orjson cannot encode is refused, because a snapshot
-    holding a live SDK object would not load again after a restart.
+    holding a live SDK object would not load again after a restart. With
+    *limit*, data larger than that many bytes of JSON is refused too.
     """
     if hasattr(value, "model_dump") and callable(value.model_dump):
         value = value.model_dump(mode="json")
     try:
-        return orjson.loads(orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS))
+        encoded = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
     except TypeError as exc:
-        raise InvalidInput(f"value is not JSON-serialisable ({exc}): {value!r:.200}") from exc
+        raise InvalidInput(f"{what} is not JSON-serialisable ({exc}): {value!r:.200}") from exc
+    if limit is not None and len(encoded) > limit:
+        raise InvalidInput(f"{what} is {len(encoded):,} bytes of JSON, over the limit of"
+                           f" {limit:,} (Settings.max_payload_bytes); store large data elsewhere"
+                           " and pass a reference")
+    return orjson.loads(encoded)
 
 
 def new_id() -> str:
@@ -242,7 +250,6 @@ class CallState:
     attempt: int = 0
     retry_at: float | None = None
     error: str | None = None
-    fingerprints: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -344,8 +351,9 @@ def _check_not_newer(raw: Any, task_id: str, version: int) -> None:
     if isinstance(fmt, int) and fmt > SNAPSHOT_FORMAT:
         raise SnapshotTooNew(f"task {task_id} version {version}: snapshot format {fmt} is newer"
                              f" than this tether understands ({SNAPSHOT_FORMAT}); upgrade the worker")
-    if fmt != SNAPSHOT_FORMAT:
+    if not isinstance(fmt, int) or fmt < 1:
         raise ValueError(f"unknown snapshot format {fmt!r}")
+    upgrade(raw, SNAPSHOT_FORMAT)
     unknown = set(raw) - _FIELDS[Snapshot]
     for frame in raw.get("stack") or []:
         unknown |= set(frame) - _FIELDS[Frame] if isinstance(frame, dict) else set()

@@ -236,7 +236,6 @@ def clean_up_resources(runner: Runner) -> None:
 async def tool_failed(runner: Runner, tool: Tool, call: CallState, error: Exception) -> None:
     """A call attempt failed: retry per policy, else let the agent compensate, else recover."""
     fingerprint = failure_fingerprint(tool.name, error)
-    call.fingerprints.append(fingerprint)
     call.error = describe_error(error)
     call.status = "failed"
     runner.record_idempotency(call, "failed", error=call.error)

@@ -48,7 +48,7 @@ from tether.model import (
     check_transition,
     to_plain,
 )
-from tether.store import Checkpoint, Claim, HistoryRow, StoredEvent
+from tether.store import Checkpoint, Claim, HistoryRow, Store, StoredEvent
 from tether.tools import Tool, ToolContext, args_hash, idempotency_key
 
 if TYPE_CHECKING:
@@ -59,6 +59,15 @@ T = TypeVar("T")
 
 class Preempted(Exception):
     """Internal: a P0 event cancelled the plan or interruptible tool in flight."""
+
+
+async def _complete_history(store: Store, snap: Snapshot, version: int) -> list[dict[str, Any]]:
+    """The head's dialog, or CorruptSnapshot if rows it counts on are missing from the store."""
+    history = (await store.read_history(snap.task_id, snap.history_segments))[: snap.history_len]
+    if len(history) < snap.history_len:
+        raise CorruptSnapshot(f"task {snap.task_id} version {version}: dialog rows are missing"
+                              f" (the head counts {snap.history_len}, the store has {len(history)})")
+    return history
 
 
 class Runner:
@@ -97,6 +106,7 @@ class Runner:
         while True:
             try:
                 snap = Snapshot.loads(data, claim.task_id, version)
+                history = await _complete_history(store, snap, version)
                 break
             except CorruptSnapshot as exc:
                 skipped.append(str(exc))
@@ -108,8 +118,7 @@ class Runner:
                 version, data = await store.load_head(claim.task_id, older[-1])
         if skipped:
             await recovery.branch_history(store, snap)
-        history = await store.read_history(claim.task_id, snap.history_segments)
-        runner = cls(harness, claim, snap, version, history[: snap.history_len])
+        runner = cls(harness, claim, snap, version, history)
         for reason in skipped:
             runner.log_recovery("fallback_version", detail=reason)
         return runner

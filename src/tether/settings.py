@@ -24,6 +24,10 @@ class Settings:
     checkpoint_every_steps: int = 1
     inbox_capacity: int = 1000
     """Pending events per task; beyond it P2-P4 are refused, P0/P1 always taken (R7)."""
+    max_payload_bytes: int = 1 << 20
+    """Largest event payload or task input accepted, as JSON (1 MiB). Larger data belongs in a
+    resource or blob store the payload points to; a huge payload would be copied into every
+    recovery bundle and history read."""
     coalesce_window: float = 1.5
     keep_versions: int = 10
     lease_seconds: float = 15.0
@@ -44,7 +48,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         for name in ("max_recovery_attempts", "checkpoint_every_steps", "inbox_capacity",
-                     "keep_versions"):
+                     "keep_versions", "max_payload_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"setting {name} must be at least 1")
         for name in ("recovery_timeout", "lease_seconds", "poll_interval", "drain_timeout"):

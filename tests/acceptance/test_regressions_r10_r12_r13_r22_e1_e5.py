@@ -17,6 +17,7 @@ from _support import fast_settings, run_alongside, wait_until
 
 import tether as tt
 from tether.errors import StoreError
+from tether.model import SNAPSHOT_FORMAT
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -701,7 +702,7 @@ async def test_e8_snapshot_from_newer_code_makes_an_old_worker_back_off():
 
     tid = await h.submit("a")
     head = orjson.loads((await h.store.load_head(tid))[1])
-    head["format"] = 2  # written by a newer worker
+    head["format"] = SNAPSHOT_FORMAT + 1  # written by a newer worker
     h.store._db.execute("UPDATE snapshots SET head = ? WHERE task_id = ?",
                         (orjson.dumps(head), tid))
     original = h.store.claim

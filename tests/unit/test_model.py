@@ -141,7 +141,7 @@ def _full_snapshot() -> Snapshot:
         step=5,
         stack=[root, child],
         call=CallState(key="t1:f-child:0", tool="refund", args={"amount": 10}, args_hash="abc",
-                       status="started", attempt=1, fingerprints=["refund:123"]),
+                       status="started", attempt=1),
         resources=[Resource(kind="file", ref="/tmp/x", cleanup="on_success")],
         signals={"progress": 0.5},
         history_len=7,

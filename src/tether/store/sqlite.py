@@ -69,10 +69,27 @@ class SQLiteStore:
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open SQLite store at {path!r}: {exc}") from exc
         self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        self._refuse_foreign_database()
         if path != ":memory:":
             self._db.execute("PRAGMA journal_mode = WAL")
         self._db.execute(f"PRAGMA synchronous = {synchronous.upper()}")
         self._create_schema()
+
+    def _refuse_foreign_database(self) -> None:
+        """Refuse, before writing a byte, a file that is not a tether store (or a newer one)."""
+        try:
+            tables = {row[0] for row in self._db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            raise StoreError(f"{self.path!r} is not a SQLite database ({exc}); nothing was"
+                             " written to it") from exc
+        if tables and "tether_meta" not in tables:
+            self._db.close()
+            raise StoreError(f"{self.path!r} is a SQLite database but not a tether store (it has"
+                             f" tables {', '.join(sorted(tables)[:5])}); refusing to touch it")
+        if "tether_meta" in tables:
+            self._check_schema_version()
 
     def _create_schema(self) -> None:
         schema = resources.files("tether.store").joinpath("sql/sqlite_schema.sql").read_text()
@@ -83,6 +100,14 @@ class SQLiteStore:
                 (SCHEMA_VERSION,),
             )
 
+    def _check_schema_version(self) -> None:
+        row = self._db.execute(
+            "SELECT value FROM tether_meta WHERE key = 'schema_version'").fetchone()
+        if row is not None and int(row[0]) > int(SCHEMA_VERSION):
+            self._db.close()
+            raise StoreError(f"store {self.path!r} has schema version {row[0]}, newer than this"
+                             f" tether ({SCHEMA_VERSION}); upgrade tether to open it")
+
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One write transaction, taken with the write lock up front."""
@@ -92,10 +117,16 @@ class SQLiteStore:
             raise StoreError(f"SQLite store {self.path!r} is busy or unwritable: {exc}") from exc
         try:
             yield self._db
+        except sqlite3.Error as exc:
+            self._db.execute("ROLLBACK")
+            raise StoreError(f"SQLite store {self.path!r}: {exc}; nothing was written") from exc
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
-        self._db.execute("COMMIT")
+        try:
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise StoreError(f"SQLite store {self.path!r} could not commit: {exc}") from exc
 
     def pragma(self, name: str) -> Any:
         """Read a PRAGMA (tests check the durability defaults with it)."""
@@ -231,7 +262,10 @@ class SQLiteStore:
         now = time.time()
         task_id = claim.task_id
         with self._write() as db:
-            version = self._check_fence(db, claim) + 1
+            head = self._check_fence(db, claim)
+            newest = db.execute("SELECT MAX(version) FROM snapshots WHERE task_id = ?",
+                                (task_id,)).fetchone()[0]
+            version = max(head, newest or 0) + 1  # never reuse a number, even after tampering
             db.execute(
                 "INSERT INTO snapshots (task_id, version, created_at, head) VALUES (?, ?, ?, ?)",
                 (task_id, version, now, checkpoint.head),

@@ -1,0 +1,38 @@
+"""Snapshot format migrations: an older head is upgraded on load, step by step.
+
+Snapshots are data, not a replay of code (E8), so a head written by an older
+tether must load in a newer one. Each entry upgrades a raw head (the decoded
+JSON object) from one format to the next; ``upgrade`` applies them in order.
+A head from a *newer* format is never guessed at: see ``SnapshotTooNew``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+Raw = dict[str, Any]
+
+
+def _v1_to_v2(raw: Raw) -> Raw:
+    """Format 2 dropped ``call.fingerprints``: the recovery state keeps the fingerprints that
+    matter (R22), and the per-call list only grew with every retry."""
+    if isinstance(raw.get("call"), dict):
+        raw["call"].pop("fingerprints", None)
+    return raw
+
+
+MIGRATIONS: dict[int, Callable[[Raw], Raw]] = {1: _v1_to_v2}
+"""Format N -> N+1."""
+
+
+def upgrade(raw: Raw, target: int) -> Raw:
+    """Bring *raw* from its own format up to *target*; unknown old formats raise ValueError."""
+    fmt = raw.get("format")
+    while isinstance(fmt, int) and fmt < target:
+        if fmt not in MIGRATIONS:
+            raise ValueError(f"no migration from snapshot format {fmt}")
+        raw = MIGRATIONS[fmt](raw)
+        fmt += 1
+        raw["format"] = fmt
+    return raw
