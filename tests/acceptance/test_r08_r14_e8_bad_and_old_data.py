@@ -211,6 +211,6 @@ def test_a_file_that_is_not_a_tether_store_is_refused_and_left_untouched(
         db.commit()
         db.close()
     before = path.read_bytes()
-    with pytest.raises(tt.StoreError, match="other.db"):
+    with pytest.raises(tt.StoreError, match=r"other\.db"):
         SQLiteStore(str(path))
     assert path.read_bytes() == before
