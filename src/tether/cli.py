@@ -325,6 +325,48 @@ async def cancel(harness: tt.Harness, task_id: str) -> None:
     await _report_lever(harness, task_id, receipt, "cancel")
 
 
+@main.command()
+@click.argument("app")
+@click.argument("agent")
+@click.option("--input", "input_json", help="The task's input as JSON.")
+@click.option("--seeds", default=20, show_default=True, help="How many seeded runs of each kind.")
+@click.option("--seed", type=int, help="Run only this seed (to replay a violation).")
+@click.option("--only", type=click.Choice(["faults", "kills"]), help="Only one kind of run.")
+def torture(app: str, agent: str, input_json: str | None, seeds: int, seed: int | None,
+            only: str | None) -> None:
+    """Run AGENT of APP under injected faults and worker kills; report what broke.
+
+    Faults: tool errors, slow tools, model errors, events at awkward moments. Kills: a
+    worker process SIGKILLed at a named failpoint, then fresh workers finish the task.
+    Exit 1 if any violation is found; each comes with the command that replays it.
+    """
+    from tether.testing import Target
+    from tether.testing import torture as run_torture
+
+    target = Target(app, agent, _json_arg(input_json, "--input"))
+    first, count = (seed, 1) if seed is not None else (0, seeds)
+    started = time.time()
+    try:
+        with console.status("torturing…") as status:
+            report = asyncio.run(run_torture(
+                target, seeds=count, first_seed=first, kills=only != "faults",
+                faults=only != "kills", progress=lambda line: status.update(line)))
+    except tt.TetherError as exc:
+        console.print(f"[red]error:[/] {exc}", highlight=False)
+        raise SystemExit(1) from None
+    console.print(f"{report.runs} runs, {report.kills} worker kills at"
+                  f" {len(report.points)} failpoints ({', '.join(sorted(report.points)) or '-'}),"
+                  f" outcomes {report.outcomes}, {time.time() - started:.1f}s")
+    if report.ok:
+        console.print("[green]no violations[/]")
+        return
+    console.print(f"[red]{len(report.violations)} violation(s)[/]")
+    for v in report.violations:
+        console.print(f"- seed {v.seed}: [bold]{v.kind}[/]: {v.detail}", highlight=False)
+        console.print(f"  replay: {v.replay}", highlight=False, soft_wrap=True)
+    raise SystemExit(1)
+
+
 async def _report_lever(harness: tt.Harness, task_id: str, receipt: tt.EmitReceipt,
                         what: str) -> None:
     """Say what became of a lever: applied (and the status now), queued, or refused and why."""

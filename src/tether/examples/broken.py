@@ -1,0 +1,39 @@
+"""A deliberately broken agent, for ``tether torture`` to catch.
+
+It keeps its progress in the agent object (process memory) instead of
+``task.scratch``. Uninterrupted it works; after a worker is killed, the new
+process starts counting from zero and charges the first customers again.
+tether cannot save an agent from state it never sees: this is what
+``tether torture`` is for.
+
+    tether torture tether.examples.broken:harness charges --input '{"customers": ["a", "b", "c"]}'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tether as tt
+
+harness = tt.Harness()
+
+
+@harness.tool(side_effect=True)
+async def charge(ctx: tt.ToolContext, customer: str) -> dict[str, Any]:
+    return {"customer": customer, "charged": True}
+
+
+@harness.agent("charges")
+class ForgetfulCharges(tt.Agent):
+    """BROKEN: progress lives in ``self.done``, which a restart forgets."""
+
+    def __init__(self) -> None:
+        self.done: dict[str, int] = {}
+
+    async def plan(self, task: tt.TaskView) -> tt.Action:
+        customers: list[str] = task.input["customers"]
+        done = self.done.get(task.task_id, 0)
+        if done == len(customers):
+            return tt.Finish({"charged": done})
+        self.done[task.task_id] = done + 1
+        return tt.ToolCall("charge", {"customer": customers[done]})
