@@ -30,13 +30,27 @@ Environment (read by :func:`main`):
                                  then blocks for that many seconds.
 - ``TETHER_CHAOS_RECONCILE_KILL=1``  reconcile hooks SIGKILL their own process.
 - ``TETHER_CHAOS_TOOL_DELAY``    seconds every tool sleeps before its write.
-- ``TETHER_CHAOS_GATE``          a path: after READY, wait until it exists.
+- ``TETHER_CHAOS_TOOL_DELAY_AFTER``  seconds every tool sleeps after its write (paid, result
+                                 not yet returned).
+- ``TETHER_CHAOS_GATE``          a path: after READY, wait until it exists (all modes).
 - ``TETHER_CHAOS_DEADLINE``      drain mode gives up (exit 3) after this long.
 - ``TETHER_CHAOS_EVENT``         JSON event for ``emit`` mode.
+- ``TETHER_CHAOS_LEASE`` / ``TETHER_CHAOS_POLL`` / ``TETHER_CHAOS_MAX_RECOVERIES``
+                                 lease_seconds, poll_interval and max_recovery_attempts
+                                 (defaults 1.0, 0.05 and 3); the torture schedules use a
+                                 short lease so a dead worker's tasks are free again soon.
+- ``TETHER_CHAOS_BREAK``         NEGATIVE CONTROLS ONLY: switch ONE guard of tether off in
+                                 this child (see :func:`break_guard`): ``idempotency`` (an
+                                 in-doubt call is re-run blindly), ``fence`` (stale lease
+                                 holders may write) or ``resume_point`` (no checkpoint
+                                 before a tool call).
 
 Modes: ``serve`` (worker forever), ``drain`` (worker until every task is
 settled: completed, failed, cancelled or needs_human; then exit 0) and
 ``emit`` (emit one event, print ``EMITTED <id> <outcome>``, then block).
+
+The ``tether`` CLI can drive the same application: ``--app app:cli_harness``
+(with ``tests/chaos`` on ``PYTHONPATH`` and ``TETHER_CHAOS_LEDGER`` set).
 """
 
 from __future__ import annotations
@@ -60,7 +74,10 @@ from tether.failpoints import failpoint
 # (defer_results_under=0); TETHER_CHAOS_DEFER=1 runs with the default deferral of
 # quick idempotent results instead, for the invariant-only kill tests.
 SETTINGS = tt.Settings(
-    lease_seconds=1.0, poll_interval=0.05, recovery_backoff=0.01,
+    lease_seconds=float(os.environ.get("TETHER_CHAOS_LEASE", "1.0")),
+    poll_interval=float(os.environ.get("TETHER_CHAOS_POLL", "0.05")),
+    max_recovery_attempts=int(os.environ.get("TETHER_CHAOS_MAX_RECOVERIES", "3")),
+    recovery_backoff=0.01,
     defer_results_under=0.05 if os.environ.get("TETHER_CHAOS_DEFER") == "1" else 0.0)
 SETTLED = frozenset({"completed", "failed", "cancelled", "needs_human"})
 
@@ -214,6 +231,7 @@ def build_harness(db: str | Path, ledger: str | Path, unsafe: bool = False) -> t
     slow_tool = os.environ.get("TETHER_CHAOS_SLOW_TOOL")
     slow = float(os.environ.get("TETHER_CHAOS_SLOW", "0"))
     delay = float(os.environ.get("TETHER_CHAOS_TOOL_DELAY", "0"))
+    delay_after = float(os.environ.get("TETHER_CHAOS_TOOL_DELAY_AFTER", "0"))
 
     async def before_write() -> None:
         if delay:
@@ -221,6 +239,8 @@ def build_harness(db: str | Path, ledger: str | Path, unsafe: bool = False) -> t
 
     async def after_write(tool: str, order: str) -> None:
         failpoint("inside_tool")  # the outside world changed; the result is not returned yet
+        if delay_after:
+            await asyncio.sleep(delay_after)
         if tool == slow_tool and slow:
             print(f"IN_TOOL {order}", flush=True)
             await asyncio.sleep(slow)
@@ -303,14 +323,16 @@ async def _run(mode: str, harness: tt.Harness) -> int:
     concurrency = int(os.environ.get("TETHER_CHAOS_CONCURRENCY", "4"))
     deadline = time.monotonic() + float(os.environ.get("TETHER_CHAOS_DEADLINE", "30"))
     _ = harness.store  # open the store (creates the schema) before the handshake
+    gate = os.environ.get("TETHER_CHAOS_GATE")
     if mode == "emit":
         spec = json.loads(os.environ["TETHER_CHAOS_EVENT"])
         print("READY", flush=True)
+        while gate and not os.path.exists(gate):
+            await asyncio.sleep(0.002)
         receipt = await harness.emit(tt.Event(**spec))
         print(f"EMITTED {receipt.event_id} {receipt.outcome}", flush=True)
         await asyncio.sleep(3600)  # the parent kills us here
         return 0
-    gate = os.environ.get("TETHER_CHAOS_GATE")
     print("READY", flush=True)
     while gate and not os.path.exists(gate):
         if time.monotonic() > deadline:
@@ -335,12 +357,74 @@ async def _run(mode: str, harness: tt.Harness) -> int:
     return code
 
 
+# ---------------------------------------------------------------------- negative-control builds
+
+
+BROKEN_GUARDS = ("idempotency", "fence", "resume_point")
+
+
+def break_guard(name: str) -> None:
+    """NEGATIVE CONTROL: switch one of tether's guards off in this process (test-only).
+
+    - ``idempotency``: a call whose outcome a crash left unknown is re-run blindly, as if
+      the idempotency table and the reconcile hooks did not exist.
+    - ``fence``: lease fencing tokens are never checked, so a worker that lost its lease
+      (paused past it, say) still writes to the store.
+    - ``resume_point``: the checkpoint before a tool call is skipped; what it would have
+      written rides along with the result's commit instead.
+    """
+    if name == "idempotency":
+        import tether.recovery as recovery_module
+
+        async def rerun_blindly(runner: Any) -> None:
+            call = runner.snap.call
+            call.status = "planned"
+            runner.log_recovery("rerun_blindly", detail="NEGATIVE CONTROL: no idempotency check")
+
+        recovery_module.resolve_in_doubt = rerun_blindly  # type: ignore[assignment]
+    elif name == "fence":
+        from tether.store.sqlite import SQLiteStore
+
+        def unfenced(self: Any, db: sqlite3.Connection, claim: Any) -> int:
+            row = db.execute("SELECT head_version FROM tasks WHERE task_id = ?",
+                             (claim.task_id,)).fetchone()
+            return int(row[0])
+
+        SQLiteStore._check_fence = unfenced  # type: ignore[method-assign]
+    elif name == "resume_point":
+        from tether.runner import Runner
+
+        original = Runner.commit
+
+        async def commit(self: Any) -> None:
+            if sys._getframe(1).f_code.co_name == "call_tool":
+                return  # the resume point: skipped; its buffered rows go with the next commit
+            await original(self)
+
+        Runner.commit = commit  # type: ignore[method-assign]
+    else:
+        raise ValueError(f"unknown guard {name!r}; known: {', '.join(BROKEN_GUARDS)}")
+
+
+def cli_harness(store_url: str) -> tt.Harness:
+    """The factory ``tether --app app:cli_harness`` calls with the store URL."""
+    broken = os.environ.get("TETHER_CHAOS_BREAK")
+    if broken:
+        break_guard(broken)
+    prefix = "sqlite:///"
+    assert store_url.startswith(prefix), store_url
+    return build_harness(store_url[len(prefix):], os.environ["TETHER_CHAOS_LEDGER"])
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     mode = argv[0] if argv else "serve"
     if mode not in ("serve", "drain", "emit"):
         print(f"unknown mode {mode!r}", file=sys.stderr)
         return 2
+    broken = os.environ.get("TETHER_CHAOS_BREAK")
+    if broken:
+        break_guard(broken)
     harness = build_harness(os.environ["TETHER_CHAOS_DB"], os.environ["TETHER_CHAOS_LEDGER"],
                             unsafe=os.environ.get("TETHER_CHAOS_UNSAFE") == "1")
 

@@ -304,7 +304,8 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def test_failpoint_names_used_here_exist() -> None:
     for name in ("before_plan_recorded", "after_resume_point", "inside_tool",
-                 "after_tool_before_commit", "mid_checkpoint", "after_checkpoint", "event_stored"):
+                 "after_tool_before_commit", "mid_checkpoint", "after_checkpoint", "event_stored",
+                 "during_recovery", "during_rollback"):
         assert name in POINTS
 
 
@@ -699,3 +700,161 @@ def test_worker_dying_during_recovery_still_uses_up_the_recovery_budget(
     assert refund_problems(paths.ledger, once=["o1"], at_most_once=["o2", "o4"]) == []
     assert st.status == "needs_human", (st.status, st.strategies)
     assert st.reason is not None and "gave up after 3 recoveries" in st.reason, st.reason
+
+
+# ---------------------------------------------------------------------- killed while recovering
+
+FAST_LEASE = {"TETHER_CHAOS_LEASE": "0.3", "TETHER_CHAOS_POLL": "0.02"}
+
+# (kill that leaves a refund in doubt, the order in doubt, paid by then?, strategy of the rescue)
+RECOVERY_KILLS = [
+    ("inside_tool@2", "o1", True, "reconcile"),             # keyed o1 PAID, result lost
+    ("inside_tool@3", "o2", True, "reconcile"),             # reconciled o2 PAID, result lost
+    ("after_resume_point@3", "o2", False, "reconcile_not_done"),  # reconciled o2 never ran
+]
+
+
+@pytest.mark.parametrize(("first", "order", "paid", "strategy"), RECOVERY_KILLS,
+                         ids=[k[0] for k in RECOVERY_KILLS])
+def test_worker_killed_while_recovering_an_in_doubt_refund_next_one_still_reconciles(
+        paths: Paths, children: Callable[..., Child], baseline: Any,
+        first: str, order: str, paid: bool, strategy: str) -> None:
+    """``during_recovery``: the worker recovering an in-doubt refund dies before deciding
+    anything. The next worker must still reconcile it (not re-run it, not lose it), and the
+    dead recovery counts as one (R12)."""
+    submit(paths, "refunder", {"calls": MIXED_CALLS}, "t1")
+    doomed = children(paths, "drain", failpoints=first, env=FAST_LEASE)
+    doomed.expect("READY")
+    doomed.assert_killed()
+    assert app.refund_counts(paths.ledger)[order] == int(paid)
+    before = state(paths, "t1")
+
+    recovering = children(paths, "drain", failpoints="during_recovery@1", env=FAST_LEASE)
+    recovering.expect("READY")
+    recovering.assert_killed()
+    # it died inside restore(): nothing decided, nothing paid, nothing committed
+    during = state(paths, "t1")
+    assert during.versions == before.versions
+    assert during.strategies == before.strategies == []
+    assert app.refund_counts(paths.ledger)[order] == int(paid)
+
+    rescuer = children(paths, "drain", env=FAST_LEASE)
+    rescuer.expect("READY")
+    rescuer.assert_clean_exit()
+    st = state(paths, "t1")
+    assert st.status == "completed", (st.status, st.reason, st.log)
+    assert refund_problems(paths.ledger, once=MIXED_REFUNDS) == []
+    assert st.result == baseline
+    assert st.strategies.count("resume") == 1, st.strategies
+    assert st.strategies.count(strategy) == 1, st.strategies
+    resume = next(r for r in st.log if r["resume_strategy"] == "resume")
+    assert resume["recovery_attempt"] == 2, resume  # the recovery that died was counted
+
+
+# ---------------------------------------------------------------------- killed while rolling back
+
+ROLLBACK_CALLS = [
+    ["refund_keyed", "r1", 10],
+    ["refund_reconciled", "r2", 20],
+    ["refund_blind", "r3", 30],
+    ["lookup", "r4", 0],
+]
+
+
+def cli(paths: Paths, *args: str, failpoints: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the real ``tether`` CLI on the chaos app (``--app app:cli_harness``)."""
+    env = {k: v for k, v in os.environ.items()
+           if k != "TETHER_FAILPOINTS" and not k.startswith("TETHER_CHAOS")}
+    env.update(TETHER_CHAOS_LEDGER=str(paths.ledger), PYTHONPATH=str(HERE), **FAST_LEASE)
+    if failpoints:
+        env["TETHER_FAILPOINTS"] = failpoints
+    return subprocess.run(
+        [sys.executable, "-m", "tether", "--store", f"sqlite:///{paths.db}", "--app",
+         "app:cli_harness", *args], env=env, cwd=str(paths.dir), capture_output=True, text=True,
+        timeout=CHILD_TIMEOUT)
+
+
+def stored_history(paths: Paths, task_id: str) -> set[tuple[int, int, bytes]]:
+    rows = app.ledger_query(paths.db, "SELECT epoch, seq, entry FROM history WHERE task_id = ?",
+                            (task_id,))
+    return {(int(e), int(s), bytes(x)) for e, s, x in rows}
+
+
+def version_where(paths: Paths, task_id: str, pred: Callable[[tt.Snapshot], bool]) -> int:
+    async def go(h: tt.Harness) -> int:
+        for version, _, _ in await h.store.list_versions(task_id):
+            _, data = await h.store.load_head(task_id, version)
+            if pred(tt.Snapshot.loads(data, task_id, version)):
+                return version
+        raise AssertionError(f"no kept version of {task_id} matches")
+
+    return with_harness(paths, go)
+
+
+def test_rollback_killed_mid_way_twice_is_applied_exactly_once_and_repeats_no_refund(
+        paths: Paths, children: Callable[..., Child]) -> None:
+    """``during_rollback``: a person rolls a parked task back with the CLI; the CLI process
+    applying it dies mid-rollback, then so does the first worker that picks it up. The third
+    applies it: once, with the dialog kept, every kept version loadable, and no refund paid
+    again (E4: the rolled-back calls are answered from their records)."""
+    submit(paths, "refunder", {"calls": ROLLBACK_CALLS}, "rb")
+    run_to_kill(paths, children, "inside_tool@3", env=FAST_LEASE)  # r3 blind: paid, in doubt
+    parked = state(paths, "rb")
+    assert parked.status == "needs_human" and "refund_blind" in (parked.reason or ""), parked
+    assert refund_problems(paths.ledger, once=["r1", "r2", "r3"], never=["r4"]) == []
+    rows_before = stored_history(paths, "rb")
+    # back to the version right after r1's result (r2 not yet planned)
+    target = version_where(paths, "rb", lambda s: s.call is None and s.step == 1)
+
+    killed = cli(paths, "rollback", "rb", "--to", str(target), failpoints="during_rollback@1")
+    assert killed.returncode == KILLED, (killed.returncode, killed.stdout, killed.stderr)
+    events = with_harness(paths, lambda h: h.store.list_events("rb"))
+    assert [(e.event.type, e.status) for e in events] == [("rollback", "pending")]
+    mid = state(paths, "rb")
+    # nothing applied (claiming the parked task re-decides its in-doubt call first, which may
+    # commit one more needs_human version; the rollback itself left no trace)
+    assert mid.status == "needs_human" and "rollback" not in mid.strategies, mid
+    assert mid.versions[:len(parked.versions)] == parked.versions
+
+    doomed = children(paths, "serve", failpoints="during_rollback@1", env=FAST_LEASE)
+    doomed.expect("READY")
+    doomed.assert_killed()
+    events = with_harness(paths, lambda h: h.store.list_events("rb"))
+    assert [(e.event.type, e.status) for e in events] == [("rollback", "pending")]
+    assert "rollback" not in state(paths, "rb").strategies
+
+    worker = children(paths, "serve", env=FAST_LEASE)
+    worker.expect("READY")
+    end = time.monotonic() + CHILD_TIMEOUT
+    while True:  # the task parks again (r3 is still in doubt); serve never exits by itself
+        events = with_harness(paths, lambda h: h.store.list_events("rb"))
+        record = with_harness(paths, lambda h: h.store.get_task("rb"))
+        if events[0].status != "pending" and record.status.value == "needs_human" \
+                and record.lease_owner is None:
+            break
+        assert time.monotonic() < end, (events, record)
+        time.sleep(0.05)
+    assert worker.kill() == KILLED
+
+    st = state(paths, "rb")  # every kept version loads
+    assert [(e.event.type, e.status) for e in events] == [("rollback", "applied")]
+    assert st.strategies.count("rollback") == 1, st.strategies
+    assert not any(s.startswith("rollback_") for s in st.strategies), st.strategies
+    assert "reuse_result" in st.strategies, st.strategies  # r2 answered from its record
+    # parked again on the same in-doubt blind refund, never paid twice, r4 never reached
+    assert st.status == "needs_human", (st.status, st.log)
+    assert st.reason is not None and "outcome unknown" in st.reason and "refund_blind" in st.reason
+    assert refund_problems(paths.ledger, once=["r1", "r2", "r3"], never=["r4"]) == []
+    assert app.lookup_counts(paths.ledger)["r4"] == 0
+    # the dialog: nothing stored was deleted, and the head reads a consistent branch
+    assert rows_before <= stored_history(paths, "rb")
+
+    async def dialog(h: tt.Harness) -> tuple[list[dict[str, Any]], int, list[list[int]]]:
+        info = await h.get("rb")
+        return await h.history("rb"), info.snapshot.history_len, info.snapshot.history_segments
+
+    history, history_len, segments = with_harness(paths, dialog)
+    assert len(history) == history_len
+    assert len(segments) == 2, segments  # one rollback, one new branch
+    tool_results = [row["content"] for row in history if row.get("role") == "tool"]
+    assert tool_results == [app.refund_result("r1", 10), app.refund_result("r2", 20)]
