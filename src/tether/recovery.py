@@ -68,7 +68,10 @@ async def restore(runner: Runner) -> None:
         runner.set_status(Status.RUNNING)
         await runner.store.set_status(runner.claim, Status.RUNNING, None)  # visible at once (R2)
     crashed = runner.claim.crashed
-    in_doubt = snap.call is not None and snap.call.status == "started"
+    # A parked task's in-doubt call was already resolved (to a person); only a running task's
+    # call is looked at again, so a lever on a parked task does not re-ask reconcile hooks.
+    in_doubt = snap.status is Status.RUNNING and snap.call is not None \
+        and snap.call.status == "started"
     if crashed or in_doubt:
         failpoint("during_recovery")
         if crashed:
