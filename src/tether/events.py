@@ -77,13 +77,16 @@ async def apply_event(runner: Runner, stored: StoredEvent) -> None:
     assert event.id is not None
     snap = runner.snap
     if event.type in CONTROL_EVENTS:
+        runner.applied_levers.add(event.id)  # a later rollback in this tick keeps levers applied
         try:
             await _control(runner, event)
         except TetherError as error:
             runner.log_recovery(f"{event.type}_failed", event.id, str(error))
             runner.done_event(event.id, "failed")
             return
-    elif snap.status.is_terminal or snap.status is Status.NEEDS_HUMAN:
+    elif snap.status is Status.NEEDS_HUMAN:
+        return  # stays pending: applied after a person resumes, never dropped (E2)
+    elif snap.status.is_terminal:
         runner.done_event(event.id, "ignored")
         return
     elif stored.priority >= Priority.P3:

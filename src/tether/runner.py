@@ -84,6 +84,7 @@ class Runner:
         self.history = history
         self.wake = asyncio.Event()
         self.applied: set[int] = set()
+        self.applied_levers: set[int] = set()
         self._stopping = False
         self._cancellable: asyncio.Future[Any] | None = None
         self._preempting = False
@@ -478,8 +479,9 @@ class Runner:
         """A rollback replaced the state: events applied since the last commit go back to the
         inbox (they are still pending in the store) and their dialog rows are dropped. Records
         of what tools did are kept: the outside world does not roll back."""
-        self.applied -= {event_id for event_id, _ in self._events_done}
-        self._events_done = []
+        requeue = {e for e, _ in self._events_done} - self.applied_levers
+        self.applied -= requeue
+        self._events_done = [(e, d) for e, d in self._events_done if e not in requeue]
         self._rows = []
 
     def done_event(self, event_id: int, disposition: str) -> None:
