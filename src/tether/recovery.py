@@ -398,6 +398,8 @@ async def human_resume(runner: Runner, event: Event) -> None:
         snap.frame.last_event = {"type": "resume", "payload": payload}
     runner.set_status(Status.RUNNING)
     runner.log_recovery("human_resume", event.id, str(payload.get("message") or "resumed"))
+    if snap.call is not None and snap.call.status == "started":
+        await resolve_in_doubt(runner)  # reconcile (or re-run an idempotent call), never blind
 
 
 async def branch_history(store: Store, snap: Snapshot) -> int:
@@ -433,6 +435,9 @@ def _settle_call_for_resume(runner: Runner, amended: bool) -> None:
             agenda.pop(0)
         return
     if call.status == "started":
+        tool = runner.harness.tools.get(call.tool)
+        if tool is not None and (tool.idempotent or tool.reconcile_fn is not None):
+            return  # resolved like any call in doubt, after the status is running again
         call.status = "planned"
         runner.log_recovery("human_rerun", detail=f"a person resumed; {call.tool} key={call.key}"
                             " runs again on their say-so")
