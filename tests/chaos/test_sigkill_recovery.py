@@ -14,11 +14,9 @@ import asyncio
 import importlib.util
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from _child import ChildProcess
 
 import tether as tt
 from tether.failpoints import POINTS
@@ -83,8 +82,8 @@ def paths(tmp_path: Path) -> Paths:
     return p
 
 
-class Child:
-    """One worker (or emitter) process running app.py, its stdout read line by line."""
+class Child(ChildProcess):
+    """One worker (or emitter) process running app.py."""
 
     _count = 0
 
@@ -98,62 +97,9 @@ class Child:
         if failpoints:
             clean["TETHER_FAILPOINTS"] = failpoints
         clean.update(env or {})
+        super().__init__([sys.executable, str(APP_PATH), mode], clean, paths.dir,
+                         f"child{Child._count}", CHILD_TIMEOUT)
         self.label = f"child{Child._count}({mode}, {failpoints or 'no failpoints'})"
-        self.stderr_path = paths.dir / f"child{Child._count}.stderr"
-        self._stderr = open(self.stderr_path, "wb")  # noqa: SIM115 - closed in wait/kill
-        self.proc = subprocess.Popen(
-            [sys.executable, str(APP_PATH), mode], env=clean, cwd=str(paths.dir),
-            stdout=subprocess.PIPE, stderr=self._stderr, text=True)
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.seen: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line.rstrip("\n"))
-        self.lines.put(None)
-
-    def stderr(self) -> str:
-        if not self._stderr.closed:
-            self._stderr.flush()
-        return self.stderr_path.read_text(errors="replace")[-4000:]
-
-    def expect(self, prefix: str, timeout: float = CHILD_TIMEOUT) -> str:
-        """Wait for a stdout line starting with *prefix* (the handshake)."""
-        end = time.monotonic() + timeout
-        while True:
-            try:
-                line = self.lines.get(timeout=max(0.01, end - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError(f"{self.label}: no {prefix!r} line within {timeout}s;"
-                                     f" stdout so far {self.seen}; stderr:\n{self.stderr()}") from None
-            if line is None:
-                self.proc.wait(timeout=5)
-                raise AssertionError(f"{self.label}: exited ({self.proc.returncode}) before"
-                                     f" printing {prefix!r}; stdout {self.seen}; stderr:\n"
-                                     f"{self.stderr()}")
-            self.seen.append(line)
-            if line.startswith(prefix):
-                return line
-
-    def wait(self, timeout: float = CHILD_TIMEOUT) -> int:
-        try:
-            code = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(f"{self.label}: still running after {timeout}s; stderr:\n"
-                                 f"{self.stderr()}") from None
-        self._stderr.close()
-        return code
-
-    def kill(self) -> int:
-        """SIGKILL this child (by its own pid) and reap it."""
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-        code = self.proc.wait(timeout=10)
-        self._stderr.close()
-        return code
 
     def assert_killed(self, timeout: float = CHILD_TIMEOUT) -> None:
         code = self.wait(timeout)
@@ -700,6 +646,42 @@ def test_worker_dying_during_recovery_still_uses_up_the_recovery_budget(
     assert refund_problems(paths.ledger, once=["o1"], at_most_once=["o2", "o4"]) == []
     assert st.status == "needs_human", (st.status, st.strategies)
     assert st.reason is not None and "gave up after 3 recoveries" in st.reason, st.reason
+
+
+def test_person_resuming_after_reconcile_killed_every_worker_reconciles_and_never_pays_twice(
+        paths: Paths, children: Callable[..., Child], baseline: Any) -> None:
+    """R10 + R26: a refund whose reconcile hook took down every recovering worker parks the
+    task with a person. Their plain ``tether resume`` (no patch, no message about the call)
+    must resolve the call in doubt -- reconcile it now that the provider answers -- and not
+    re-run it: ``refund_reconciled`` pays on every call, so a blind re-run pays o2 twice.
+    (Regression: a person's resume once marked the in-doubt call "planned" and re-ran it.)
+    """
+    submit(paths, "refunder", {"calls": MIXED_CALLS}, "t1")
+    first = children(paths, "drain", failpoints="inside_tool@3")  # o2 paid, result lost
+    first.expect("READY")
+    first.assert_killed()
+    for _ in range(3):  # three recoveries, each killed inside the reconcile hook
+        doomed = children(paths, "drain", env={"TETHER_CHAOS_RECONCILE_KILL": "1"})
+        doomed.expect("READY")
+        doomed.assert_killed()
+    parker = children(paths, "drain")
+    parker.expect("READY")
+    parker.assert_clean_exit()
+    parked = state(paths, "t1")
+    assert parked.status == "needs_human", (parked.status, parked.strategies)
+    assert app.refund_counts(paths.ledger)["o2"] == 1
+
+    resumed = cli(paths, "resume", "t1")
+    assert resumed.returncode == 0, (resumed.stdout, resumed.stderr)
+    finisher = children(paths, "drain")
+    finisher.expect("READY")
+    finisher.assert_clean_exit()
+    st = state(paths, "t1")
+    assert refund_problems(paths.ledger, once=MIXED_REFUNDS) == []
+    assert st.status == "completed", (st.status, st.reason, st.strategies)
+    assert st.result == baseline
+    assert "human_rerun" not in st.strategies, st.strategies
+    assert st.strategies.index("human_resume") < st.strategies.index("reconcile"), st.strategies
 
 
 # ---------------------------------------------------------------------- killed while recovering

@@ -42,12 +42,9 @@ import asyncio
 import importlib.util
 import json
 import os
-import queue
 import random
 import signal
-import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -55,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _child import ChildProcess
 
 import tether as tt
 from tether.failpoints import POINTS
@@ -194,68 +192,13 @@ def make_plan(seed: int, kills: int = KILLS_PER_SEED, n_tasks: int = 14) -> Plan
 # ---------------------------------------------------------------------- child processes
 
 
-class Child:
-    """One app.py process; its stdout read line by line on a thread."""
+class Child(ChildProcess):
+    """One app.py process of a schedule."""
 
     def __init__(self, workdir: Path, mode: str, env: dict[str, str], label: str) -> None:
-        self.label = label
+        super().__init__([sys.executable, str(APP_PATH), mode], env, workdir, label,
+                         CHILD_TIMEOUT)
         self.gate = workdir / f"{label}.gate"
-        self.stderr_path = workdir / f"{label}.stderr"
-        self._stderr = open(self.stderr_path, "wb")  # noqa: SIM115 - closed in wait()
-        self.proc = subprocess.Popen([sys.executable, str(APP_PATH), mode], env=env,
-                                     cwd=str(workdir), stdout=subprocess.PIPE,
-                                     stderr=self._stderr, text=True)
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.seen: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line.rstrip("\n"))
-        self.lines.put(None)
-
-    def expect(self, prefix: str, timeout: float = CHILD_TIMEOUT) -> None:
-        end = time.monotonic() + timeout
-        while True:
-            try:
-                line = self.lines.get(timeout=max(0.01, end - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError(f"{self.label}: no {prefix!r} within {timeout}s;"
-                                     f" stdout {self.seen}; stderr:\n{self.stderr()}") from None
-            if line is None:
-                self.proc.wait(timeout=5)
-                raise AssertionError(f"{self.label}: exited ({self.proc.returncode}) before"
-                                     f" {prefix!r}; stdout {self.seen}; stderr:\n{self.stderr()}")
-            self.seen.append(line)
-            if line.startswith(prefix):
-                return
-
-    def stderr(self) -> str:
-        if not self._stderr.closed:
-            self._stderr.flush()
-        return self.stderr_path.read_text(errors="replace")[-3000:]
-
-    def signal(self, sig: int) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, sig)  # this child only, by its own pid
-
-    def wait(self, timeout: float = CHILD_TIMEOUT) -> int:
-        try:
-            code = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.signal(signal.SIGKILL)
-            code = self.proc.wait(timeout=10)
-            self._stderr.close()
-            raise AssertionError(f"{self.label}: still running after {timeout}s; stderr:\n"
-                                 f"{self.stderr()}") from None
-        self._stderr.close()
-        return code
-
-    def kill(self) -> int:
-        self.signal(signal.SIGCONT)
-        self.signal(signal.SIGKILL)
-        return self.wait(10)
 
 
 def child_env(db: Path, ledger: Path, extra: dict[str, str]) -> dict[str, str]:

@@ -1,0 +1,86 @@
+"""One child process of the chaos tests, seen from the parent (imported as ``_child``).
+
+The parent needs three things of a child it is about to kill: a handshake (wait for a
+stdout line such as ``READY`` so kills land after start-up, not during it), the child's
+stderr for the failure message, and signals sent to that child's own pid only.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+
+class ChildProcess:
+    """A process whose stdout is read line by line on a thread, so ``expect`` can time out."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path, label: str,
+                 timeout: float) -> None:
+        self.label = label
+        self.timeout = timeout
+        self.stderr_path = cwd / f"{label}.stderr"
+        self._stderr = open(self.stderr_path, "wb")  # noqa: SIM115 - closed in wait()
+        self.proc = subprocess.Popen(argv, env=env, cwd=str(cwd), stdout=subprocess.PIPE,
+                                     stderr=self._stderr, text=True)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def stderr(self) -> str:
+        if not self._stderr.closed:
+            self._stderr.flush()
+        return self.stderr_path.read_text(errors="replace")[-4000:]
+
+    def expect(self, prefix: str, timeout: float | None = None) -> str:
+        """Wait for a stdout line starting with *prefix*; fail with the child's output if none."""
+        timeout = self.timeout if timeout is None else timeout
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.01, end - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"{self.label}: no {prefix!r} line within {timeout}s;"
+                                     f" stdout so far {self.seen}; stderr:\n{self.stderr()}") from None
+            if line is None:
+                self.proc.wait(timeout=5)
+                raise AssertionError(f"{self.label}: exited ({self.proc.returncode}) before"
+                                     f" printing {prefix!r}; stdout {self.seen}; stderr:\n"
+                                     f"{self.stderr()}")
+            self.seen.append(line)
+            if line.startswith(prefix):
+                return line
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)  # this child only, by its own pid
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Reap the child; one still running after *timeout* is killed and the test fails."""
+        timeout = self.timeout if timeout is None else timeout
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"{self.label}: still running after {timeout}s; stderr:\n"
+                                 f"{self.stderr()}") from None
+        self._stderr.close()
+        return code
+
+    def kill(self) -> int:
+        """SIGKILL the child (waking it first if it was stopped) and reap it."""
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGKILL)
+        code = self.proc.wait(timeout=10)
+        self._stderr.close()
+        return code
