@@ -13,7 +13,7 @@ import copy
 import time
 from typing import TYPE_CHECKING, Any
 
-from tether import recovery
+from tether import recovery, timers
 from tether.errors import InvalidInput, TaskNotFound, TetherError
 from tether.model import (
     EmitReceipt,
@@ -84,16 +84,29 @@ async def apply_event(runner: Runner, stored: StoredEvent) -> None:
             runner.log_recovery(f"{event.type}_failed", event.id, str(error))
             runner.done_event(event.id, "failed")
             return
-    elif snap.status is Status.NEEDS_HUMAN:
+        runner.done_event(event.id, "applied")
+        return
+    if snap.status is Status.NEEDS_HUMAN:
         return  # stays pending: applied after a person resumes, never dropped (E2)
-    elif snap.status.is_terminal:
+    if snap.status.is_terminal:
         runner.done_event(event.id, "ignored")
         return
-    elif stored.priority >= Priority.P3:
-        snap.signals[event.type] = event.payload
-    else:
-        await _deliver(runner, event, stored.priority)
-    runner.done_event(event.id, "applied")
+    disposition = await _apply(runner, stored)
+    if disposition is not None:  # None: it stays pending, for a later tick
+        runner.done_event(event.id, disposition)
+
+
+async def _apply(runner: Runner, stored: StoredEvent) -> str | None:
+    event = stored.event
+    if timers.is_wait_timer(event):
+        return timers.time_out_wait(runner, event)
+    if event.type == "task_timeout":
+        return timers.miss_deadline(runner, event)
+    if stored.priority >= Priority.P3:
+        runner.snap.signals[event.type] = event.payload
+        return "applied"
+    await _deliver(runner, event, stored.priority)
+    return "applied"
 
 
 async def _control(runner: Runner, event: Event) -> None:
@@ -120,7 +133,8 @@ async def _deliver(runner: Runner, event: Event, priority: int) -> None:
     assert event.id is not None
     runner.append_history(_history_entry(event))
     waiting = next((f for f in reversed(snap.stack)
-                    if f.wait and f.wait["event_type"] == event.type), None)
+                    if f.wait and f.wait["event_type"] == event.type
+                    and not _too_late(f.wait, event)), None)
     if waiting is not None:
         end_wait(runner, event.to_dict(), waiting)
         return
@@ -191,6 +205,12 @@ def _retry_now(runner: Runner, event: Event) -> None:
     else:
         return
     runner.log_recovery("retry_now", event.id, f"{event.type}: retrying now")
+
+
+def _too_late(wait: dict[str, Any], event: Event) -> bool:
+    """Stored after the wait's due time: its timer ends the wait, whichever is applied first."""
+    due = wait.get("due_at")
+    return due is not None and event.created_at > due
 
 
 def end_wait(runner: Runner, outcome: dict[str, Any], frame: Frame | None = None) -> None:

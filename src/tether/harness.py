@@ -29,6 +29,7 @@ from tether.resources import ResourceKind, ResourceKinds
 from tether.runner import Runner
 from tether.settings import Settings
 from tether.store import Store, open_store
+from tether.timers import Moment, due_time
 from tether.tools import RetryPolicy, Tool, ToolFn
 from tether.worker import Worker, new_worker_id, run_claimed
 
@@ -136,18 +137,26 @@ class Harness:
 
     # ------------------------------------------------------------------ tasks and events
 
-    async def submit(self, agent: str, input: Any = None, task_id: str | None = None) -> str:
-        """Create a task run by *agent*; it starts when a worker claims it."""
+    async def submit(self, agent: str, input: Any = None, task_id: str | None = None, *,
+                     deadline: Moment | None = None, not_before: Moment | None = None) -> str:
+        """Create a task run by *agent*; it starts when a worker claims it.
+
+        *not_before* schedules the start; *deadline* is when the whole task must be done
+        (both: seconds or a timedelta from now, or an aware datetime). A deadline that passes
+        fires ``task_timeout``, which stops the task as failed (E6).
+        """
         if agent not in self.agents:
             known = ", ".join(sorted(self.agents)) or "none"
             raise UnknownAgent(f"no agent {agent!r} is registered (known: {known})")
         task_id = task_id or new_id()
         plain = _to_plain(input, self.settings.max_payload_bytes, "task input")
         now = time.time()
+        start = due_time(not_before, "not_before", now)
         snap = Snapshot(task_id=task_id, agent=agent, input=plain, created_at=now,
-                        stack=[Frame(agent=agent, input=plain)])
+                        stack=[Frame(agent=agent, input=plain)],
+                        deadline_at=due_time(deadline, "deadline", now))
         record = TaskRecord(task_id, agent, Status.PENDING, now, now, 1)
-        await self.store.create_task(record, snap.dumps())
+        await self.store.create_task(record, snap.dumps(), wake_at=start)
         return task_id
 
     async def emit(self, event: Event) -> EmitReceipt:

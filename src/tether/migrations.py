@@ -22,7 +22,15 @@ def _v1_to_v2(raw: Raw) -> Raw:
     return raw
 
 
-MIGRATIONS: dict[int, Callable[[Raw], Raw]] = {1: _v1_to_v2}
+def _v2_to_v3(raw: Raw) -> Raw:
+    """Format 3 added a task deadline and the degraded modes (E6, R3): none of them was set."""
+    raw.setdefault("deadline_at", None)
+    raw.setdefault("degraded", None)
+    raw.setdefault("worker_degraded", None)
+    return raw
+
+
+MIGRATIONS: dict[int, Callable[[Raw], Raw]] = {1: _v1_to_v2, 2: _v2_to_v3}
 """Format N -> N+1."""
 
 

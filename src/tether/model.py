@@ -22,7 +22,7 @@ import orjson
 from tether.errors import CorruptSnapshot, IllegalTransition, InvalidInput, SnapshotTooNew
 from tether.migrations import upgrade
 
-SNAPSHOT_FORMAT = 2
+SNAPSHOT_FORMAT = 3
 """Bumped whenever the head's layout changes; stored in every snapshot. Older heads are
 upgraded on load by :mod:`tether.migrations`."""
 
@@ -315,6 +315,12 @@ class Snapshot:
     key_salt: str = ""
     result: Any = None
     error: str | None = None
+    deadline_at: float | None = None
+    """When the whole task must be done; a stored due time that fires ``task_timeout`` (E6)."""
+    degraded: dict[str, Any] | None = None
+    """The ``degrade`` event in force for this task, until a ``recover`` event (R3)."""
+    worker_degraded: dict[str, Any] | None = None
+    """The worker-wide degradation last recorded in this task's dialog."""
     format: int = SNAPSHOT_FORMAT
 
     @property
@@ -393,6 +399,9 @@ class TaskRecord:
     reason: str | None = None
     lease_owner: str | None = None
     lease_until: float | None = None
+    wake_at: float | None = None
+    """When the task is due for a look though no event arrives: a wait's timeout, a deadline,
+    a scheduled start, the end of a back-off (E6)."""
 
 
 @dataclass(frozen=True)

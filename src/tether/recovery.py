@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from tether import timers
 from tether.errors import TetherError
 from tether.failpoints import failpoint
 from tether.model import (
@@ -86,8 +87,9 @@ async def restore(runner: Runner) -> None:
             check_resources(runner)
         if in_doubt:
             await resolve_in_doubt(runner)
-    if snap.status is Status.WAITING:
-        await _revalidate_wait(runner)
+    await timers.fire_due(runner)  # what fell due while no worker held the task (E6)
+    if snap.status is Status.WAITING and not timers.overdue(snap):
+        await ask_check_wait(runner)  # it may have happened outside, unseen (R16)
 
 
 async def _count_attempt(runner: Runner, why: str) -> bool:
@@ -157,27 +159,6 @@ async def _reconcile(runner: Runner, tool: Tool, call: CallState) -> None:
     runner.log_recovery("reconcile", detail=f"{call.tool} key={call.key} had happened; its"
                         " result was recovered, not repeated")
     await runner.finish_call(call, to_plain(found))
-
-
-async def _revalidate_wait(runner: Runner) -> None:
-    """A waiting task loaded again: did its event time out, or happen unseen? (R16)."""
-    from tether.events import end_wait
-
-    frame = runner.snap.frame
-    wait = frame.wait
-    if not wait:
-        return
-    due = wait.get("due_at")
-    arrived_in_time = [
-        e for e in await runner.store.pending_events(runner.snap.task_id)
-        if e.event.type == wait["event_type"] and (due is None or e.event.created_at <= due)]
-    if arrived_in_time:
-        return  # the tick applies it: an event stored before the deadline beats the timeout
-    if due is not None and due <= time.time():
-        end_wait(runner, {"type": wait["event_type"], "timeout": True})
-        runner.log_recovery("wait_timeout", detail=f"no {wait['event_type']} before the deadline")
-        return
-    await ask_check_wait(runner)
 
 
 async def ask_check_wait(runner: Runner) -> None:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tether import recovery
+from tether import recovery, timers
 from tether.agent import Agent, TaskView
 from tether.errors import (
     CorruptSnapshot,
@@ -85,6 +85,7 @@ class Runner:
         self.wake = asyncio.Event()
         self.applied: set[int] = set()
         self.applied_levers: set[int] = set()
+        self.fired: set[str] = set()
         self._stopping = False
         self._cancellable: asyncio.Future[Any] | None = None
         self._preempting = False
@@ -142,16 +143,30 @@ class Runner:
     async def run(self) -> Status:
         """Tick until the task parks (waiting, paused, needs_human) or ends."""
         await recovery.restore(self)
-        while not self._stopping:
-            await self.tick()
-            if self.snap.status is not Status.RUNNING:
-                break
-            due = self._retry_due()
-            if due is not None and due > time.time():
-                await self.sleep_until(due)
-                continue
-            await self.step()
+        with timers.deadline_alarm(self):
+            while not self._stopping:
+                await timers.fire_due(self)
+                await self.tick()
+                if self.snap.status is not Status.RUNNING:
+                    break
+                due = self._retry_due()
+                if due is not None and due - time.time() >= self.settings.lease_seconds:
+                    return await self.park(due)
+                if due is not None and due > time.time():
+                    await self.sleep_until(due)
+                    continue
+                await self.step()
+        if self._stopping and self.snap.status is Status.RUNNING:
+            self.log_recovery("released", detail="the worker is shutting down; the task was"
+                              " released cleanly at a step boundary (no recovery counted)")
         await self.flush()
+        return self.snap.status
+
+    async def park(self, due: float) -> Status:
+        """A long back-off: commit, and leave the due time to whichever worker is alive then
+        (E6), instead of holding the lease and memory while nothing can happen."""
+        await self.flush()
+        await self.store.set_status(self.claim, Status.RUNNING, None, wake_at=due)
         return self.snap.status
 
     def _retry_due(self) -> float | None:
@@ -288,6 +303,8 @@ class Runner:
         elif isinstance(action, Wait):
             due = time.time() + action.timeout if action.timeout is not None else None
             frame.wait = {"event_type": action.event_type, "due_at": due}
+            if due is not None:  # the one id its timeout fires under (E6)
+                frame.wait["timer"] = f"timer:{frame.frame_id}:{frame.steps}"
             self.set_status(Status.WAITING)
             await recovery.ask_check_wait(self)  # it may already have happened (R16)
         elif isinstance(action, Finish | Fail):
@@ -527,7 +544,4 @@ class Runner:
         recovery.emit_log_records(checkpoint.recovery_log, self.version)
 
     def _wake_at(self) -> float | None:
-        wait = self.snap.frame.wait if self.snap.stack else None
-        if self.snap.status is Status.WAITING and wait and wait.get("due_at") is not None:
-            return float(wait["due_at"])
-        return None
+        return timers.wake_time(self.snap)

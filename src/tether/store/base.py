@@ -82,8 +82,9 @@ class StoredEvent:
 class Store(Protocol):
     """What tether needs from a storage backend. All methods are coroutines."""
 
-    async def create_task(self, record: TaskRecord, head: bytes) -> None:
-        """Insert a task and its version-1 snapshot."""
+    async def create_task(self, record: TaskRecord, head: bytes, wake_at: float | None = None) -> None:
+        """Insert a task and its version-1 snapshot; with *wake_at*, no worker claims it before
+        then (a scheduled start)."""
 
     async def get_task(self, task_id: str) -> TaskRecord:
         """The task's index row; :class:`TaskNotFound` if there is none."""
@@ -117,8 +118,10 @@ class Store(Protocol):
     async def set_status(self, claim: Claim, status: Status, reason: str | None,
                          wake_at: float | None = None) -> None:
         """Change only the task row (status, reason, wake time) under the lease, without a new
-        snapshot version: to park a task whose head did not change, or to hand over a task
-        whose snapshot cannot be read."""
+        snapshot version: to park a task whose head did not change, to park a running task
+        until its back-off ends, or to hand over a task whose snapshot cannot be read. A
+        pending, running or parked task with a future *wake_at* is claimed only when it is due,
+        or at once when an event that wakes it arrives (P0-P2 or a lever)."""
 
     async def commit(self, claim: Claim, checkpoint: Checkpoint, keep: int, lease_until: float) -> int:
         """Write one step atomically under the lease; returns the new version."""

@@ -36,7 +36,8 @@ from tether.store.base import Checkpoint, Claim, InboxLimits, StoredEvent
 
 SCHEMA_VERSION = "1"
 _TASK_COLUMNS = (
-    "task_id, agent, status, created_at, updated_at, head_version, reason, lease_owner, lease_until"
+    "task_id, agent, status, created_at, updated_at, head_version, reason, lease_owner, lease_until,"
+    " wake_at"
 )
 # Claimable: not leased (or the lease expired), not among the tasks the asking worker is still
 # running (its runner may only be slow), and with work to do. Two index-friendly branches, so idle workers
@@ -47,14 +48,15 @@ _FREE = ("(lease_until IS NULL OR lease_until < :now)"
 _CANDIDATES = f"""
     SELECT task_id, COALESCE(wake_at, created_at) AS due FROM tasks INDEXED BY tasks_open
      WHERE status IN ('pending', 'running', 'waiting', 'paused', 'needs_human') AND {_FREE}
-       AND (status IN ('pending', 'running') OR lease_owner IS NOT NULL
-            OR (wake_at IS NOT NULL AND wake_at <= :now))
+       AND (lease_owner IS NOT NULL OR wake_at <= :now
+            OR (status IN ('pending', 'running') AND wake_at IS NULL))
     UNION ALL
     SELECT task_id, wake_at AS due FROM tasks
      WHERE status IN ('failed', 'completed') AND wake_at <= :now AND {_FREE}
     ORDER BY due LIMIT 8
 """
-# A parked task whose holder died (lease_owner still set, lease expired) is claimable again.
+# A task whose holder died (lease_owner still set, lease expired) is claimable at once; a
+# pending or running one with a wake_at (a scheduled start, a long back-off) only when due.
 _OPEN_END = 1 << 62
 _FINISHED = ("completed", "failed", "cancelled")
 
@@ -134,15 +136,15 @@ class SQLiteStore:
 
     # ------------------------------------------------------------------ tasks
 
-    async def create_task(self, record: TaskRecord, head: bytes) -> None:
+    async def create_task(self, record: TaskRecord, head: bytes, wake_at: float | None = None) -> None:
         with self._write() as db:
             if db.execute("SELECT 1 FROM tasks WHERE task_id = ?", (record.task_id,)).fetchone():
                 raise TaskExists(f"a task with id {record.task_id!r} already exists; nothing was changed")
             db.execute(
-                "INSERT INTO tasks (task_id, agent, status, created_at, updated_at, head_version)"
-                " VALUES (?, ?, ?, ?, ?, 1)",
+                "INSERT INTO tasks (task_id, agent, status, created_at, updated_at, head_version,"
+                " wake_at) VALUES (?, ?, ?, ?, ?, 1, ?)",
                 (record.task_id, record.agent, record.status.value, record.created_at,
-                 record.updated_at),
+                 record.updated_at, wake_at),
             )
             db.execute(
                 "INSERT INTO snapshots (task_id, version, created_at, head) VALUES (?, 1, ?, ?)",
@@ -254,7 +256,7 @@ class SQLiteStore:
                 " WHERE task_id = ?",
                 (status.value, reason, now, wake_at, claim.task_id),
             )
-            self._settle_inbox(db, claim.task_id, status, now)
+            self._settle_inbox(db, claim.task_id, status, now, wake_at)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -300,7 +302,7 @@ class SQLiteStore:
                 (checkpoint.status.value, now, version, checkpoint.reason, checkpoint.wake_at,
                  lease_until, int(not checkpoint.progress), task_id),
             )
-            self._settle_inbox(db, task_id, checkpoint.status, now)
+            self._settle_inbox(db, task_id, checkpoint.status, now, checkpoint.wake_at)
             if version > keep:
                 db.execute(
                     "DELETE FROM snapshots WHERE task_id = ? AND version <= ?",
@@ -309,13 +311,15 @@ class SQLiteStore:
         return version
 
     @staticmethod
-    def _settle_inbox(db: sqlite3.Connection, task_id: str, status: Status, now: float) -> None:
+    def _settle_inbox(db: sqlite3.Connection, task_id: str, status: Status, now: float,
+                      wake_at: float | None) -> None:
         """Events that arrived after the runner's last look must not be stranded by this commit.
 
-        A parked task with such events is due at once; a finished one marks the events it can
-        never apply as ignored (levers that may reopen it, like rollback, stay pending).
+        A parked task with such events is due at once (a running one only matters when it is
+        parked until a back-off ends); a finished one marks the events it can never apply as
+        ignored (levers that may reopen it, like rollback, stay pending).
         """
-        if status is Status.RUNNING:
+        if status is Status.RUNNING and (wake_at is None or wake_at <= now):
             return
         if status in (Status.COMPLETED, Status.CANCELLED):
             db.execute(
@@ -323,8 +327,8 @@ class SQLiteStore:
                 " AND status = 'pending' AND NOT (control AND ? = 'completed')",
                 (now, task_id, status.value),
             )
-        wakes = "(priority <= 2 OR control)" if status in (Status.WAITING, Status.PAUSED) \
-            else "control"
+        wakes = "(priority <= 2 OR control)" \
+            if status in (Status.WAITING, Status.PAUSED, Status.RUNNING) else "control"
         if db.execute(
             f"SELECT 1 FROM events WHERE task_id = ? AND status = 'pending' AND {wakes} LIMIT 1",
             (task_id,),
@@ -421,7 +425,7 @@ class SQLiteStore:
                 (now, event.task_id, event_id, *superseding),
             ).rowcount
             # P3/P4 only update state: they never wake a parked task (R4).
-            wakeable = ["waiting", "paused"] if priority <= 2 else []
+            wakeable = ["waiting", "paused", "running"] if priority <= 2 else []
             wakeable += [s.value for s in limits.reopens]
             if limits.wakes_needs_human:
                 wakeable.append("needs_human")
@@ -509,4 +513,5 @@ class SQLiteStore:
 
 
 def _task_record(row: tuple[Any, ...]) -> TaskRecord:
-    return TaskRecord(row[0], row[1], Status(row[2]), row[3], row[4], row[5], row[6], row[7], row[8])
+    return TaskRecord(row[0], row[1], Status(row[2]), row[3], row[4], row[5], row[6], row[7], row[8],
+                      row[9])

@@ -1,0 +1,183 @@
+"""Durable time: wait timeouts, task deadlines, scheduled starts and back-offs (E6).
+
+Nothing waits in a sleeping coroutine for longer than a short retry. Every due
+time is stored with the task (the store's ``wake_at``), so whichever worker is
+alive when it falls due claims the task, and a time that passed while no worker
+ran is acted on as soon as one starts.
+
+A due time that *means* something to the task fires as a system event of R3
+(``timer`` for a wait's timeout, ``task_timeout`` for the task's deadline),
+stored in the inbox like any other event and applied by the task's loop. Its
+``source_event_id`` is derived from what fired, so a second worker looking at
+the same moment, or a worker that crashed right after firing, gets "duplicate"
+from the store: each timer fires exactly once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from tether.errors import InvalidInput
+from tether.model import Event, Frame, Snapshot, Status
+
+if TYPE_CHECKING:
+    from tether.runner import Runner
+
+Moment = float | int | timedelta | datetime
+"""Seconds from now, a timedelta from now, or a timezone-aware datetime."""
+
+DEADLINE_APPLIES = frozenset({Status.RUNNING, Status.WAITING, Status.PAUSED})
+"""A deadline stops a task that is working, waiting or paused; not one a person holds."""
+
+
+def due_time(value: Moment | None, what: str, now: float | None = None) -> float | None:
+    """Turn a user's moment into a timestamp, refusing what would be ambiguous or nonsense."""
+    if value is None:
+        return None
+    now = time.time() if now is None else now
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise InvalidInput(f"{what}: a datetime needs a timezone (a naive one means a"
+                               " different moment on each machine); use datetime.now(UTC) + ...")
+        return value.timestamp()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInput(f"{what} must be seconds from now, a timedelta or an aware datetime,"
+                           f" not {type(value).__name__}")
+    if not math.isfinite(value) or value < 0:
+        raise InvalidInput(f"{what} must be a finite number of seconds from now >= 0, got {value!r}")
+    return now + float(value)
+
+
+def wait_timer_id(frame: Frame) -> str:
+    """The one source id a wait's timeout fires under (its frame and step make it unique)."""
+    wait = frame.wait or {}
+    return str(wait.get("timer") or f"timer:{frame.frame_id}:{wait.get('due_at')!r}")
+
+
+def overdue(snap: Snapshot) -> bool:
+    """Whether the top frame's wait has passed its due time (its timer fires instead)."""
+    due = (snap.frame.wait or {}).get("due_at") if snap.stack else None
+    return due is not None and due <= time.time()
+
+
+def wake_time(snap: Snapshot) -> float | None:
+    """When a parked task must be looked at again though no event arrives."""
+    due: list[float] = []
+    if snap.status is Status.WAITING and snap.stack and snap.frame.wait:
+        wait_due = snap.frame.wait.get("due_at")
+        if wait_due is not None:
+            due.append(float(wait_due))
+    if snap.status is Status.RUNNING:
+        retry = snap.call.retry_at if snap.call is not None and snap.call.retry_at \
+            else snap.recovery.retry_at
+        if retry:
+            due.append(retry)
+    elif snap.deadline_at is not None and snap.status in DEADLINE_APPLIES:
+        due.append(snap.deadline_at)  # a running task's worker keeps its own alarm
+    return min(due) if due else None
+
+
+@contextlib.contextmanager
+def deadline_alarm(runner: Runner) -> Iterator[None]:
+    """Preempt the model call or interruptible tool in flight when the deadline falls due."""
+    import asyncio
+
+    deadline = runner.snap.deadline_at
+    if deadline is None:
+        yield
+        return
+    handle = asyncio.get_running_loop().call_later(max(0.0, deadline - time.time()),
+                                                   runner.notify, 0)
+    try:
+        yield
+    finally:
+        handle.cancel()
+
+
+async def fire_due(runner: Runner) -> None:
+    """Store the system events whose time has come (called on every tick; cheap when none)."""
+    snap = runner.snap
+    now = time.time()
+    if snap.deadline_at is not None and snap.deadline_at <= now \
+            and snap.status in DEADLINE_APPLIES:
+        await _fire(runner, Event("task_timeout", snap.task_id,
+                                  {"deadline_at": snap.deadline_at},
+                                  source_event_id=f"deadline:{snap.deadline_at!r}"))
+    if snap.status is not Status.WAITING or not snap.frame.wait:
+        return
+    wait = snap.frame.wait
+    due = wait.get("due_at")
+    if due is None or due > now:
+        return
+    in_time = [e for e in await runner.store.pending_events(snap.task_id)
+               if e.event.type == wait["event_type"] and e.event.created_at <= due]
+    if not in_time:  # an event stored before the due time beats the timeout
+        await _fire(runner, Event("timer", snap.task_id,
+                                  {"for": wait["event_type"], "due_at": due,
+                                   "timer": wait_timer_id(snap.frame)},
+                                  source_event_id=wait_timer_id(snap.frame)))
+
+
+async def _fire(runner: Runner, event: Event) -> None:
+    assert event.source_event_id is not None
+    if event.source_event_id in runner.fired:
+        return
+    receipt, _ = await runner.harness.inbox.emit(event)
+    runner.fired.add(event.source_event_id)
+    if receipt.outcome == "duplicate":
+        runner.harness.log.info("task %s: %s had already fired (event %d)", event.task_id,
+                                event.source_event_id, receipt.event_id)
+
+
+def is_wait_timer(event: Event) -> bool:
+    return event.type == "timer" and isinstance(event.payload, dict) and "timer" in event.payload
+
+
+def time_out_wait(runner: Runner, event: Event) -> str:
+    """A wait's timer: end that wait with a timeout marker, unless it already ended."""
+    from tether.events import end_wait
+
+    timer = event.payload["timer"]
+    frame = next((f for f in reversed(runner.snap.stack)
+                  if f.wait and wait_timer_id(f) == timer), None)
+    if frame is None:
+        return "ignored"  # the awaited event came first; this timer is stale
+    assert frame.wait is not None
+    waited_for = frame.wait["event_type"]
+    runner.append_history({"role": "event", "type": "timer", "event_id": event.id,
+                           "content": event.payload})
+    end_wait(runner, {"type": waited_for, "timeout": True, "event_id": event.id}, frame)
+    runner.log_recovery("wait_timeout", event.id, f"no {waited_for} before the deadline")
+    return "applied"
+
+
+def miss_deadline(runner: Runner, event: Event) -> str | None:
+    """The task's deadline passed: stop it as failed. A person may resume it (without one)."""
+    from tether import recovery
+
+    snap = runner.snap
+    if snap.deadline_at is None or snap.status not in DEADLINE_APPLIES:
+        return "ignored"
+    if snap.call is not None and snap.call.status == "started":
+        return None  # a call in doubt is settled first; the timeout stays pending till then
+    deadline = _iso(snap.deadline_at)
+    runner.append_history({"role": "event", "type": "task_timeout", "event_id": event.id,
+                           "content": event.payload})
+    snap.call = None
+    snap.deadline_at = None
+    snap.error = f"task deadline {deadline} passed; stopped (resume to carry on without one)"
+    runner.set_status(Status.FAILED)
+    runner.log_recovery("task_timeout", event.id, snap.error)
+    recovery.clean_up_resources(runner)
+    return "applied"
+
+
+def _iso(at: float) -> str:
+    return datetime.fromtimestamp(at).astimezone().isoformat(timespec="seconds")
