@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, overload
 
+from tether.degrade import Fallback
 from tether.model import Action, Event, Frame, Snapshot
 
 
@@ -96,6 +97,14 @@ class TaskView:
         return self._frame.last_event
 
     @property
+    def degraded(self) -> Mapping[str, Any] | None:
+        """The degradation in force (the task's own ``degrade`` event, else the worker's), or
+        None; while set, the agent runs its :class:`~tether.degrade.Fallback` (R3)."""
+        snap = self._snapshot
+        mode = snap.degraded or snap.worker_degraded
+        return MappingProxyType(mode) if mode is not None else None
+
+    @property
     def signals(self) -> Mapping[str, Any]:
         """The newest payload of each P3/P4 event type (progress and the like)."""
         return MappingProxyType(self._snapshot.signals)
@@ -105,6 +114,11 @@ class Agent:
     """Base class for agents. Override :meth:`plan`; the other hooks are optional."""
 
     name: str = ""
+    version: str = "1"
+    """This agent's code version, recorded with every step it plans (E8): bump it on deploys
+    that change what ``plan`` does, and the dialog shows which code planned which step."""
+    fallback: Fallback = Fallback()
+    """What this agent does while degraded (R3): options, allowed tools, or pause."""
 
     async def plan(self, task: TaskView) -> Action:
         """Return the next action for this frame."""

@@ -105,7 +105,7 @@ def _plain(value: Any) -> Any:
     raise TypeError
 
 
-def _when(ts: float | None) -> str:
+def local_time(ts: float | None) -> str:
     return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
 
 
@@ -156,32 +156,77 @@ def _app_argument(ctx: click.Context, _param: click.Parameter, value: str | None
 @click.argument("app", required=False, expose_value=False, callback=_app_argument)
 @click.option("--concurrency", default=4, show_default=True, help="Tasks run at once.")
 @click.option("--until-idle", is_flag=True, help="Exit when no task has work left.")
+@click.option("--drain-timeout", type=click.FloatRange(min=0, min_open=True),
+              help="Seconds in-flight steps may take on a graceful stop (default: settings).")
+@click.option("--degraded", metavar="REASON",
+              help="Start degraded: every task runs its agent's fallback (R3).")
 @harness_command
-async def worker(harness: tt.Harness, concurrency: int, until_idle: bool) -> None:
+async def worker(harness: tt.Harness, concurrency: int, until_idle: bool,
+                 drain_timeout: float | None, degraded: str | None) -> None:
     """Claim, run and recover tasks of APP (module:harness; default --app).
 
     Any number of workers, in one process or many, may share a store. SIGTERM or
-    Ctrl-C stops gracefully: each task finishes its step, commits and is released.
+    Ctrl-C drains (E5): no new claims, model calls in flight are cancelled (they are
+    redone), side-effecting calls finish within the drain timeout, every task is
+    committed and released, and the worker exits 0. A second signal exits at once;
+    its tasks are then recovered by other workers when their leases expire.
     """
+    if drain_timeout is not None:
+        harness.settings = harness.settings.replace(drain_timeout=drain_timeout)
+    if degraded:
+        harness.degrade({"reason": degraded})
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signum, _on_stop_signal, stop, signum, harness)
     if until_idle:
         await harness.run_until_idle(concurrency=concurrency, stop=stop)
     else:
         await harness.serve(concurrency=concurrency, stop=stop)
+    click.echo(f"worker {harness.worker_id} stopped; its tasks were released", err=True)
+
+
+def _on_stop_signal(stop: asyncio.Event, signum: int, harness: tt.Harness) -> None:
+    name = signal.Signals(signum).name
+    if stop.is_set():
+        click.echo(f"{name} again: exiting now; other workers recover this worker's tasks when"
+                   f" their leases expire (lease_seconds={harness.settings.lease_seconds})",
+                   err=True)
+        os._exit(128 + signum)
+    click.echo(f"{name}: draining (up to {harness.settings.drain_timeout}s for steps in"
+               f" flight); send it again to exit at once", err=True)
+    stop.set()
 
 
 @main.command()
 @click.argument("agent")
 @click.option("--input", "input_json", help="The task's input as JSON.")
 @click.option("--id", "task_id", help="Choose the task id (default: generated).")
+@click.option("--deadline", metavar="WHEN",
+              help="When the task must be done: seconds from now, or an ISO time with a zone.")
+@click.option("--not-before", metavar="WHEN", help="Do not start before then (same forms).")
 @harness_command
-async def submit(harness: tt.Harness, agent: str, input_json: str | None, task_id: str | None) -> None:
+async def submit(harness: tt.Harness, agent: str, input_json: str | None, task_id: str | None,
+                 deadline: str | None, not_before: str | None) -> None:
     """Create a task for AGENT."""
-    task_id = await harness.submit(agent, _json_arg(input_json, "--input"), task_id=task_id)
+    task_id = await harness.submit(agent, _json_arg(input_json, "--input"), task_id=task_id,
+                                   deadline=_moment(deadline, "--deadline"),
+                                   not_before=_moment(not_before, "--not-before"))
     click.echo(task_id)
+
+
+def _moment(text: str | None, what: str) -> float | datetime | None:
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(f"{what} {text!r} is neither seconds from now nor an ISO-8601"
+                                 " time such as 2026-12-01T09:00:00+00:00") from None
 
 
 @main.command(name="ls")
@@ -199,7 +244,7 @@ async def list_tasks(harness: tt.Harness, status: str | None, as_json: bool) -> 
     table.columns[4].no_wrap = True
     for r in records:
         reason = r.reason or ""
-        table.add_row(r.task_id, r.agent, r.status.value, str(r.head_version), _when(r.updated_at),
+        table.add_row(r.task_id, r.agent, r.status.value, str(r.head_version), local_time(r.updated_at),
                       reason if len(reason) <= 60 else reason[:59] + "…")
     console.print(table)
 
@@ -214,12 +259,19 @@ async def show(harness: tt.Harness, task_id: str, as_json: bool) -> None:
     snap = info.snapshot
     if as_json:
         _print_json({"version": info.version, "reason": info.record.reason,
-                     "snapshot": orjson.loads(snap.dumps())})
+                     "wake_at": info.record.wake_at, "snapshot": orjson.loads(snap.dumps())})
         return
     console.print(f"[bold]{task_id}[/] {snap.agent}  status [bold]{snap.status.value}[/]"
                   f"  step {snap.step}  version {info.version}")
     if info.record.reason:
         console.print(f"reason: {info.record.reason}")
+    if info.record.wake_at is not None:
+        console.print(f"due for a look at {local_time(info.record.wake_at)} (a timer, deadline,"
+                      " scheduled start or back-off)")
+    if snap.deadline_at is not None:
+        console.print(f"deadline: {local_time(snap.deadline_at)}")
+    if snap.degraded or snap.worker_degraded:
+        console.print(f"degraded: {snap.degraded or snap.worker_degraded}")
     for depth, frame in enumerate(snap.stack):
         todo = f" to-do: {[a['kind'] for a in frame.agenda]}" if frame.agenda else ""
         console.print(f"{'  ' * depth}└─ {frame.agent} (steps {frame.steps}){todo}")
@@ -259,7 +311,7 @@ async def versions(harness: tt.Harness, task_id: str, as_json: bool) -> None:
         return
     table = Table("version", "created", "bytes")
     for v, at, size in kept:
-        table.add_row(str(v), _when(at), str(size))
+        table.add_row(str(v), local_time(at), str(size))
     console.print(table)
 
 

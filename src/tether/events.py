@@ -13,7 +13,7 @@ import copy
 import time
 from typing import TYPE_CHECKING, Any
 
-from tether import recovery, timers
+from tether import degrade, recovery, timers
 from tether.errors import InvalidInput, TaskNotFound, TetherError
 from tether.model import (
     EmitReceipt,
@@ -102,6 +102,8 @@ async def _apply(runner: Runner, stored: StoredEvent) -> str | None:
         return timers.time_out_wait(runner, event)
     if event.type == "task_timeout":
         return timers.miss_deadline(runner, event)
+    if event.type in degrade.DEGRADE_EVENTS:
+        degrade.switch(runner, event)
     if stored.priority >= Priority.P3:
         runner.snap.signals[event.type] = event.payload
         return "applied"
@@ -149,7 +151,7 @@ async def _deliver(runner: Runner, event: Event, priority: int) -> None:
         runner.set_status(Status.PAUSED)
         runner.log_recovery("pause", event.id, f"{event.type}: paused, to-do list kept")
     elif priority == Priority.P2:
-        _retry_now(runner, event)
+        recovery.retry_now(runner, event)
 
 
 async def _offer(runner: Runner, event: Event) -> bool | None:
@@ -193,18 +195,6 @@ def _replan(runner: Runner, frame: Frame, event: Event) -> None:
     frame.agenda.clear()
     frame.wait = None
     runner.log_recovery("replan", event.id, f"{event.type}: dropped {dropped or 'nothing'}")
-
-
-def _retry_now(runner: Runner, event: Event) -> None:
-    """A P2 signal (retry, degrade...) brings a pending retry forward."""
-    snap = runner.snap
-    if snap.call is not None and snap.call.retry_at:
-        snap.call.retry_at = time.time()
-    elif snap.recovery.retry_at:
-        snap.recovery.retry_at = time.time()
-    else:
-        return
-    runner.log_recovery("retry_now", event.id, f"{event.type}: retrying now")
 
 
 def _too_late(wait: dict[str, Any], event: Event) -> bool:

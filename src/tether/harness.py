@@ -71,6 +71,8 @@ class Harness:
         self.tools: dict[str, Tool] = {}
         self.resource_kinds = ResourceKinds()
         self.runners: dict[str, Runner] = {}
+        self.degraded: dict[str, Any] | None = None
+        """Worker-wide degradation: every task this harness runs follows its fallback (R3)."""
         self.log = logging.getLogger("tether")
 
     @property
@@ -184,6 +186,22 @@ class Harness:
         payload = {"version": version, "redo_side_effects": redo_side_effects,
                    "head": orjson.loads(head)}
         return await self._control(Event("rollback", task_id, payload))
+
+    def degrade(self, detail: dict[str, Any] | str) -> None:
+        """Degrade this whole worker (a model provider is down, say): each task it runs
+        switches to its agent's fallback at its next step, and its dialog records it."""
+        payload = detail if isinstance(detail, dict) else {"reason": detail}
+        self.degraded = _to_plain(payload, self.settings.max_payload_bytes, "degrade detail")
+        self._wake_runners()
+
+    def recover(self) -> None:
+        """End a worker-wide degradation; tasks paused by it carry on."""
+        self.degraded = None
+        self._wake_runners()
+
+    def _wake_runners(self) -> None:
+        for runner in self.runners.values():
+            runner.notify(2)
 
     async def cancel(self, task_id: str) -> EmitReceipt:
         return await self._control(Event("cancel", task_id))

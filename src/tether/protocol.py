@@ -57,7 +57,10 @@ DEFAULT_RULES: Mapping[str, Rule] = {
     "tool_timeout": Rule(Priority.P2, coalesce="call_recovery"),
     "tool_error": Rule(Priority.P2, coalesce="call_recovery"),
     "retry": Rule(Priority.P2, coalesce="call_recovery"),
+    # E2: a degrade signal arriving with a timeout and a retry for the same call is one
+    # recovery instruction; applying a degrade also brings a pending retry forward.
     "degrade": Rule(Priority.P2, coalesce="call_recovery"),
+    "recover": Rule(Priority.P2, coalesce="recover"),
     "model_error": Rule(Priority.P2, coalesce="model_recovery"),
     "progress": Rule(Priority.P3, coalesce="progress"),
     "state_change": Rule(Priority.P3, coalesce="state_change"),

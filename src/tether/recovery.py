@@ -474,3 +474,15 @@ def _reopen_call(snap: Snapshot) -> None:
 
 def _args_text(call: CallState) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in call.args.items())[:200]
+
+
+def retry_now(runner: Runner, event: Event) -> None:
+    """A P2 signal (retry, degrade...) brings a pending retry forward."""
+    snap = runner.snap
+    if snap.call is not None and snap.call.retry_at:
+        snap.call.retry_at = time.time()
+    elif snap.recovery.retry_at:
+        snap.recovery.retry_at = time.time()
+    else:
+        return
+    runner.log_recovery("retry_now", event.id, f"{event.type}: retrying now")

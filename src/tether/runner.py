@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tether import recovery, timers
+from tether import degrade, recovery, timers
 from tether.agent import Agent, TaskView
 from tether.errors import (
     CorruptSnapshot,
@@ -178,6 +178,7 @@ class Runner:
     async def tick(self) -> None:
         """Drain the inbox: apply pending events, most urgent first (R5)."""
         self.wake.clear()
+        degrade.follow_worker(self)
         for stored in await self.store.pending_events(self.snap.task_id):
             if stored.event.id not in self.applied:
                 await apply_event(self, stored)
@@ -345,6 +346,9 @@ class Runner:
                 " step was planned, E8)", strategy="needs_human")
             return
         call = self.snap.call
+        if call is None and not degrade.allows(self, action.name):
+            await self.commit()
+            return
         if call is None:
             call = await self.open_call(action)
             if call is None:

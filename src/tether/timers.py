@@ -20,7 +20,7 @@ import math
 import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tether.errors import InvalidInput
 from tether.model import Event, Frame, Snapshot, Status
@@ -167,7 +167,7 @@ def miss_deadline(runner: Runner, event: Event) -> str | None:
         return "ignored"
     if snap.call is not None and snap.call.status == "started":
         return None  # a call in doubt is settled first; the timeout stays pending till then
-    deadline = _iso(snap.deadline_at)
+    deadline = local_time(snap.deadline_at)
     runner.append_history({"role": "event", "type": "task_timeout", "event_id": event.id,
                            "content": event.payload})
     snap.call = None
@@ -179,5 +179,6 @@ def miss_deadline(runner: Runner, event: Event) -> str | None:
     return "applied"
 
 
-def _iso(at: float) -> str:
+def local_time(at: float) -> str:
+    """A stored due time as people read it (logs, CLI)."""
     return datetime.fromtimestamp(at).astimezone().isoformat(timespec="seconds")
