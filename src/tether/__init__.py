@@ -6,6 +6,7 @@ tool call, idempotency keys, bounded recovery and a needs-a-person path.
 """
 
 from tether.agent import Agent, TaskView
+from tether.degrade import Fallback
 from tether.errors import (
     ConfigurationError,
     CorruptSnapshot,
@@ -57,6 +58,7 @@ __all__ = [
     "EmitReceipt",
     "Event",
     "Fail",
+    "Fallback",
     "Finish",
     "Harness",
     "IllegalTransition",

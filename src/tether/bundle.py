@@ -33,6 +33,7 @@ async def export_bundle(store: Store, task_id: str) -> dict[str, Any]:
         "snapshot_version": version,
         "snapshot": orjson.loads(data),
         "history": history[: snap.history_len],
+        "code_versions": code_versions(history[: snap.history_len]),
         "versions": [
             {"version": v, "created_at": at, "bytes": size}
             for v, at, size in await store.list_versions(task_id)
@@ -44,6 +45,18 @@ async def export_bundle(store: Store, task_id: str) -> dict[str, Any]:
         "idempotency": [asdict(r) for r in await store.list_idempotency(task_id)],
         "recovery_log": await store.list_recovery_log(task_id),
     }
+
+
+def code_versions(history: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Which agent and tool versions planned and ran the task's steps (E8), oldest first."""
+    agents: dict[str, None] = {}
+    tools: dict[str, None] = {}
+    for row in history:
+        if row.get("planned_by"):
+            agents[str(row["planned_by"])] = None
+        if row.get("tool_version") and isinstance(row.get("tool_call"), dict):
+            tools[f"{row['tool_call'].get('name')}@{row['tool_version']}"] = None
+    return {"agents": list(agents), "tools": list(tools)}
 
 
 async def _bundle_without_snapshot(store: Store, record: TaskRecord, error: str) -> dict[str, Any]:

@@ -178,7 +178,7 @@ async def _offer(runner: Runner, event: Event) -> bool | None:
             _replan(runner, frame, event)
             return True
         if action is not None:
-            runner.put_first(action, frame)
+            runner.put_first(action, frame, agent)
             return True
     return False
 

@@ -95,18 +95,18 @@ class Harness:
     @overload
     def tool(self, *, name: str | None = None, side_effect: bool = False,
              idempotent: bool = False, timeout: float | None = None,
-             retry: RetryPolicy | None = None,
-             interruptible: bool = False) -> Callable[[ToolFn], Tool]: ...
+             retry: RetryPolicy | None = None, interruptible: bool = False,
+             version: str = "1") -> Callable[[ToolFn], Tool]: ...
     def tool(self, fn: ToolFn | None = None, /, *, name: str | None = None,  # type: ignore[misc]
              side_effect: bool = False, idempotent: bool = False, timeout: float | None = None,
-             retry: RetryPolicy | None = None,
-             interruptible: bool = False) -> Tool | Callable[[ToolFn], Tool]:
+             retry: RetryPolicy | None = None, interruptible: bool = False,
+             version: str = "1") -> Tool | Callable[[ToolFn], Tool]:
         """Register an async tool ``fn(ctx, **args)``; see :class:`tether.tools.Tool`."""
 
         def register(fn: ToolFn) -> Tool:
             tool = Tool(fn, name=name or fn.__name__, side_effect=side_effect,
                         idempotent=idempotent, timeout=timeout, retry=retry or RetryPolicy(),
-                        interruptible=interruptible)
+                        interruptible=interruptible, version=version)
             if tool.name in self.tools:
                 raise ConfigurationError(f"a tool named {tool.name!r} is already registered")
             self.tools[tool.name] = tool

@@ -192,6 +192,7 @@ def action_to_dict(action: Action) -> dict[str, Any]:
 def action_from_dict(data: Mapping[str, Any]) -> Action:
     fields = dict(data)
     fields.pop("open_call", None)
+    fields.pop("planned_by", None)
     cls = ACTION_KINDS[fields.pop("kind")]
     action: Action = cls(**fields)
     return action

@@ -272,7 +272,8 @@ async def _give_up(runner: Runner, call: CallState, fingerprint: str) -> None:
         return
     event = Event("tool_error", snap.task_id, failure, priority=2)
     scratch = dict(frame.scratch)
-    action = await runner.agent_for(frame).on_event(runner.view(scratch), event)
+    agent = runner.agent_for(frame)
+    action = await agent.on_event(runner.view(scratch), event)
     if action is not None:
         frame.scratch = scratch
         frame.last_tool_error = failure
@@ -283,7 +284,7 @@ async def _give_up(runner: Runner, call: CallState, fingerprint: str) -> None:
         if isinstance(action, Replan):
             frame.agenda.clear()  # plan again, now knowing the call failed
         else:
-            runner.put_first(action)
+            runner.put_first(action, agent=agent)
         runner.log_recovery("skip", detail=f"{call.tool} failed for good ({call.error}); the"
                             f" agent chose {type(action).__name__}")
         await runner.commit()

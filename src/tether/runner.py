@@ -207,7 +207,7 @@ class Runner:
                 return
             self.snap.recovery.retry_at = None
             frame.scratch = scratch
-            frame.agenda.append(action_to_dict(action))
+            frame.agenda.append(self.recorded(action, self.agent_for(frame)))
             return  # the loop drains the inbox before acting: what arrived meanwhile goes first
         action = action_from_dict(frame.agenda[0])
         failpoint("before_plan_recorded")
@@ -225,6 +225,17 @@ class Runner:
                                " on_event may return")
         action_to_dict(action)
         return action, scratch
+
+    @staticmethod
+    def recorded(action: Action, agent: Agent) -> dict[str, Any]:
+        """The action as the agenda keeps it, with the code that planned it (E8)."""
+        return {**action_to_dict(action), "planned_by": f"{agent.name}@{agent.version}"}
+
+    def planned_by(self) -> dict[str, Any]:
+        """Which code planned the action at the head of the agenda, for its dialog row."""
+        agenda = self.snap.frame.agenda
+        by = agenda[0].get("planned_by") if agenda else None
+        return {"planned_by": by} if by else {}
 
     async def sleep_until(self, due: float) -> None:
         """Sleep until *due* or until an event arrives, whichever is first."""
@@ -288,12 +299,13 @@ class Runner:
 
     async def carry_out(self, action: Action) -> None:
         frame = self.snap.frame
+        by = self.planned_by()
         frame.agenda.pop(0)
         frame.steps += 1
         self.snap.step += 1
         recovery.progress_made(self)
         if isinstance(action, Reply):
-            self.append_history({"role": "assistant", "content": action.text})
+            self.append_history({"role": "assistant", "content": action.text, **by})
         elif isinstance(action, Spawn):
             self.agent_for(Frame(agent=action.agent))
             child_id = f"{frame.frame_id}.{frame.steps}"
@@ -309,18 +321,18 @@ class Runner:
             self.set_status(Status.WAITING)
             await recovery.ask_check_wait(self)  # it may already have happened (R16)
         elif isinstance(action, Finish | Fail):
-            self.pop_frame(action)
+            self.pop_frame(action, by)
         self._unsaved_steps += 1
         if self._unsaved_steps >= self.settings.checkpoint_every_steps or \
                 self.snap.status is not Status.RUNNING:
             await self.commit()
 
-    def pop_frame(self, action: Finish | Fail) -> None:
+    def pop_frame(self, action: Finish | Fail, by: dict[str, Any]) -> None:
         done = self.snap.stack.pop()
         failed = isinstance(action, Fail)
         outcome = action.reason if isinstance(action, Fail) else to_plain(action.result)
         self.append_history({"role": "system", "event": "fail" if failed else "finish",
-                             "agent": done.agent, "content": outcome})
+                             "agent": done.agent, "content": outcome, **by})
         if self.snap.stack:
             parent = self.snap.frame
             parent.child_result = None if failed else outcome
@@ -359,7 +371,8 @@ class Runner:
         self.record_idempotency(call, "started")
         if call.attempt == 1:
             self.append_history({"role": "assistant", "tool_call": {
-                "name": call.tool, "args": call.args, "key": call.key}})
+                "name": call.tool, "args": call.args, "key": call.key},
+                "tool_version": tool.version, **self.planned_by()})
         await self.commit()
         failpoint("after_resume_point")
         started = time.monotonic()
@@ -467,7 +480,8 @@ class Runner:
         """The next commit moves the task forward (the store's crash counter starts again)."""
         self._progress = True
 
-    def put_first(self, action: Action, frame: Frame | None = None) -> None:
+    def put_first(self, action: Action, frame: Frame | None = None,
+                  agent: Agent | None = None) -> None:
         """Run *action* before the frame's recorded work, keeping that work (the to-do list).
 
         A call that is open but not in flight (cancelled by a P0, or waiting
@@ -479,7 +493,7 @@ class Runner:
         if call is not None and frame is self.snap.frame and frame.agenda:
             frame.agenda[0]["open_call"] = dataclasses.asdict(call)
             self.snap.call = None
-        frame.agenda.insert(0, action_to_dict(action))
+        frame.agenda.insert(0, self.recorded(action, agent) if agent else action_to_dict(action))
 
     def set_status(self, status: Status) -> None:
         check_transition(self.snap.task_id, self.snap.status, status)

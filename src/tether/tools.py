@@ -89,6 +89,7 @@ class Tool:
         timeout: float | None,
         retry: RetryPolicy,
         interruptible: bool,
+        version: str = "1",
     ) -> None:
         if not inspect.iscoroutinefunction(fn):
             raise ConfigurationError(f"tool {name!r} must be an async function")
@@ -106,6 +107,8 @@ class Tool:
             raise ConfigurationError(f"tool {name!r}: timeout must be positive")
         self.fn = fn
         self.name = name
+        self.version = str(version)
+        """Recorded with every call in the dialog (E8): which code ran it."""
         self.side_effect = side_effect
         self.idempotent = idempotent or not side_effect
         self.timeout = timeout
