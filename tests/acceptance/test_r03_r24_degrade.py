@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from _support import fast_settings, strategies, wait_until
+from _support import fast_settings, strategies
 
 import tether as tt
 from tether.model import Status

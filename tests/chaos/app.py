@@ -32,6 +32,8 @@ Environment (read by :func:`main`):
 - ``TETHER_CHAOS_TOOL_DELAY``    seconds every tool sleeps before its write.
 - ``TETHER_CHAOS_TOOL_DELAY_AFTER``  seconds every tool sleeps after its write (paid, result
                                  not yet returned).
+- ``TETHER_CHAOS_CODE=2``         the code after a deploy (E8): agents at version 2, and
+                                 ``refund_blind`` removed.
 - ``TETHER_CHAOS_GATE``          a path: after READY, wait until it exists (all modes).
 - ``TETHER_CHAOS_DEADLINE``      drain mode gives up (exit 3) after this long.
 - ``TETHER_CHAOS_EVENT``         JSON event for ``emit`` mode.
@@ -194,7 +196,8 @@ class Refunder(tt.Agent):
 
 
 class Approver(tt.Agent):
-    """Waits for an approval, then refunds once and finishes."""
+    """Waits for an approval (``input.timeout``: for that long), then refunds once and finishes;
+    a timed-out wait finishes with ``{"timed_out": True}`` and refunds nothing."""
 
     def __init__(self, ledger: str) -> None:
         self.ledger = ledger
@@ -203,9 +206,11 @@ class Approver(tt.Agent):
         stage = task.scratch.get("stage")
         if stage is None:
             task.scratch["stage"] = "waiting"
-            return tt.Wait("approval")
+            return tt.Wait("approval", timeout=task.input.get("timeout"))
         if stage == "waiting":
             event = task.last_event or {}
+            if event.get("timeout"):
+                return tt.Finish({"timed_out": True, "code": self.version})
             task.scratch["stage"] = "refunding"
             task.scratch["approval"] = event.get("payload")
             task.scratch["approval_source"] = event.get("source", "event")
@@ -213,7 +218,7 @@ class Approver(tt.Agent):
                                                 "amount": task.input["amount"]})
         return tt.Finish({"approval": task.scratch.get("approval"),
                           "approval_source": task.scratch.get("approval_source"),
-                          "refund": task.last_tool_result})
+                          "refund": task.last_tool_result, "code": self.version})
 
     async def check_wait(self, task: tt.TaskView, wait: Mapping[str, Any]) -> Any | None:
         rows = ledger_query(self.ledger, "SELECT approver FROM approvals WHERE task_id = ?",
@@ -232,6 +237,7 @@ def build_harness(db: str | Path, ledger: str | Path, unsafe: bool = False) -> t
     slow = float(os.environ.get("TETHER_CHAOS_SLOW", "0"))
     delay = float(os.environ.get("TETHER_CHAOS_TOOL_DELAY", "0"))
     delay_after = float(os.environ.get("TETHER_CHAOS_TOOL_DELAY_AFTER", "0"))
+    code = os.environ.get("TETHER_CHAOS_CODE", "1")
 
     async def before_write() -> None:
         if delay:
@@ -291,12 +297,14 @@ def build_harness(db: str | Path, ledger: str | Path, unsafe: bool = False) -> t
         return find("memo", ctx.idempotency_key)
 
     # refund_blind: pays, and nobody can ask afterwards whether it did.
-    @harness.tool(side_effect=True)
     async def refund_blind(ctx: tt.ToolContext, order: str, amount: int) -> dict[str, Any]:
         await before_write()
         pay("refund_blind", order, amount, None, ctx.idempotency_key)
         await after_write("refund_blind", order)
         return refund_result(order, amount)
+
+    if code == "1":  # the "new code" of a deploy (code 2) no longer has this tool
+        harness.tool(refund_blind, side_effect=True)
 
     @harness.tool(idempotent=True)
     async def lookup(ctx: tt.ToolContext, order: str) -> dict[str, Any]:
@@ -306,8 +314,10 @@ def build_harness(db: str | Path, ledger: str | Path, unsafe: bool = False) -> t
         await after_write("lookup", order)
         return lookup_result(order)
 
-    harness.add_agent("refunder", Refunder())
-    harness.add_agent("approver", Approver(ledger))
+    refunder, approver = Refunder(), Approver(ledger)
+    refunder.version = approver.version = code
+    harness.add_agent("refunder", refunder)
+    harness.add_agent("approver", approver)
     return harness
 
 
