@@ -40,23 +40,35 @@ _TASK_COLUMNS = (
     " wake_at"
 )
 # Claimable: not leased (or the lease expired), not among the tasks the asking worker is still
-# running (its runner may only be slow), and with work to do. Two index-friendly branches, so idle workers
-# stay cheap however many finished tasks the table holds: open tasks (partial index), and
-# finished tasks that a lever (rollback, resume of a failure) woke up.
-_FREE = ("(lease_until IS NULL OR lease_until < :now)"
-         " AND task_id NOT IN (SELECT value FROM json_each(:busy))")
-_CANDIDATES = f"""
-    SELECT task_id, COALESCE(wake_at, created_at) AS due FROM tasks INDEXED BY tasks_open
-     WHERE status IN ('pending', 'running', 'waiting', 'paused', 'needs_human') AND {_FREE}
-       AND (lease_owner IS NOT NULL OR wake_at <= :now
-            OR (status IN ('pending', 'running') AND wake_at IS NULL))
-    UNION ALL
-    SELECT task_id, wake_at AS due FROM tasks
-     WHERE status IN ('failed', 'completed') AND wake_at <= :now AND {_FREE}
-    ORDER BY due LIMIT 8
-"""
-# A task whose holder died (lease_owner still set, lease expired) is claimable at once; a
-# pending or running one with a wake_at (a scheduled start, a long back-off) only when due.
+# running (its runner may only be slow), and with work to do. Each branch is a range scan of a
+# partial index, so a claim stays cheap however many tasks wait or have finished (E7):
+# pending and running tasks with no due time; open tasks whose due time came (a timer, a
+# deadline, a scheduled start, a back-off, an event that woke them); tasks whose holder died
+# (lease expired while still owned); finished tasks that a lever (rollback, resume) woke up.
+# (A partial index is only used when the query repeats its WHERE term word for word.)
+_OPEN = "('pending', 'running', 'waiting', 'paused', 'needs_human')"
+_NOT_BUSY = "task_id NOT IN (SELECT value FROM json_each(:busy))"
+_FREE = f"(lease_until IS NULL OR lease_until < :now) AND {_NOT_BUSY}"
+_BRANCHES = (
+    f"""SELECT task_id, created_at AS due FROM tasks INDEXED BY tasks_open
+         WHERE status IN {_OPEN} AND status IN ('pending', 'running') AND wake_at IS NULL
+           AND {_FREE}""",
+    f"""SELECT task_id, wake_at AS due FROM tasks INDEXED BY tasks_open
+         WHERE status IN {_OPEN} AND wake_at <= :now AND {_FREE}""",
+    f"""SELECT task_id, lease_until AS due FROM tasks INDEXED BY tasks_orphaned
+         WHERE lease_owner IS NOT NULL AND lease_until < :now AND status IN {_OPEN}
+           AND {_NOT_BUSY}""",
+    f"""SELECT task_id, wake_at AS due FROM tasks
+         WHERE status IN ('failed', 'completed') AND wake_at <= :now AND {_FREE}""",
+)
+# Each branch is its own query stopping at a few rows in index order (as one compound query,
+# SQLite sorted every matching row on each claim): a backlog is never sorted per claim.
+_CANDIDATES = tuple(f"{branch} LIMIT 8" for branch in _BRANCHES)
+# The same test for one row, under the write lock (another worker may have just taken it).
+_CLAIMABLE = f"""SELECT 1 FROM tasks WHERE task_id = :task_id AND {_FREE} AND (
+    (status IN {_OPEN} AND (lease_owner IS NOT NULL OR wake_at <= :now
+                            OR (status IN ('pending', 'running') AND wake_at IS NULL)))
+    OR (status IN ('failed', 'completed') AND wake_at <= :now))"""
 _OPEN_END = 1 << 62
 _FINISHED = ("completed", "failed", "cancelled")
 
@@ -183,15 +195,13 @@ class SQLiteStore:
                     busy: Collection[str] = ()) -> Claim | None:
         """Find candidates with a plain read, then take the first still free under the lock."""
         params = {"now": now, "busy": orjson.dumps(list(busy)).decode()}
-        candidates = [row[0] for row in self._db.execute(_CANDIDATES, params)]
+        rows = [row for query in _CANDIDATES for row in self._db.execute(query, params)]
+        candidates = [task_id for task_id, _ in sorted(rows, key=lambda row: row[1])[:8]]
         if not candidates:
             return None
         with self._write() as db:
             for task_id in candidates:
-                if db.execute(
-                    f"SELECT 1 FROM ({_CANDIDATES}) WHERE task_id = :task_id",
-                    {**params, "task_id": task_id},
-                ).fetchone():
+                if db.execute(_CLAIMABLE, {**params, "task_id": task_id}).fetchone():
                     return self._take(db, task_id, worker, now, lease)
         return None
 
