@@ -179,6 +179,8 @@ async def worker(harness: tt.Harness, concurrency: int, until_idle: bool,
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, _on_stop_signal, stop, signum, harness)
+    click.echo(f"worker {harness.worker_id} serving (concurrency {concurrency});"
+               " SIGTERM drains, a second one exits at once", err=True)
     if until_idle:
         await harness.run_until_idle(concurrency=concurrency, stop=stop)
     else:

@@ -65,6 +65,17 @@ class Site:
         self.started.append(child)
         return child
 
+    @staticmethod
+    def wait_ready(child: ChildProcess) -> ChildProcess:
+        """Wait until a worker has installed its signal handlers (a SIGTERM before then
+        would simply kill it, as it would any process still starting)."""
+        end = time.monotonic() + CHILD_TIMEOUT
+        while "serving" not in child.stderr():
+            assert child.proc.poll() is None, f"worker exited early: {child.stderr()}"
+            assert time.monotonic() < end, f"worker never started: {child.stderr()}"
+            time.sleep(0.02)
+        return child
+
     def app_child(self, mode: str, env: dict[str, str] | None = None) -> ChildProcess:
         """app.py itself (``drain`` exits once every task is settled)."""
         child = ChildProcess([sys.executable, str(HERE / "app.py"), mode], self.env(env),

@@ -46,17 +46,17 @@ def timer_events(site: Site, task_id: str) -> list[tt.StoredEvent]:
 def test_e6_a_timeout_that_fell_due_with_no_worker_alive_fires_once_for_two_new_workers(
         site: Site) -> None:
     site.submit("approver", {"order": "a1", "amount": 5, "timeout": 2}, "t1")
-    first = site.worker()
+    first = site.wait_ready(site.worker())
     waiting = site.wait_for("t1", tt.Status.WAITING)
     stop(first)
     due = waiting.snapshot.frame.wait["due_at"]  # type: ignore[index]
     time.sleep(max(0.0, due + 3 - time.time()))  # 5 s after the wait began, nobody running
     assert site.info("t1").record.status is tt.Status.WAITING
     assert timer_events(site, "t1") == []
-    pair = [site.worker(), site.worker()]
+    pair = [site.worker(), site.worker()]  # started together
     info = site.wait_for("t1", tt.Status.COMPLETED)
     for worker in pair:
-        stop(worker)
+        stop(site.wait_ready(worker))
     assert info.snapshot.result == {"timed_out": True, "code": "1"}
     assert [(e.status, e.event.payload["for"]) for e in timer_events(site, "t1")] \
         == [("applied", "approval")]
