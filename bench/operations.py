@@ -29,8 +29,10 @@ import tether as tt
 APP = Path(__file__).resolve()
 
 
-def build(db: str) -> tt.Harness:
-    """The app both the parent and the worker processes load (``--app operations:build``)."""
+def build(store: str) -> tt.Harness:
+    """The app both the parent and the worker processes load (``--app operations:build``
+    calls it with the store URL; the parent passes the file's path)."""
+    db = store.removeprefix("sqlite:///")
     h = tt.Harness(f"sqlite:///{db}", settings=tt.Settings(
         sqlite_synchronous="NORMAL", poll_interval=0.02, lease_seconds=5))
     seconds = float(os.environ.get("BENCH_CALL_SECONDS", "1"))
@@ -38,10 +40,9 @@ def build(db: str) -> tt.Harness:
 
     @h.tool(side_effect=True)
     async def pay(ctx: tt.ToolContext, n: int) -> int:
+        record(ledger, "started", ctx.idempotency_key)
         await asyncio.sleep(seconds)
-        with sqlite3.connect(ledger) as conn:
-            conn.execute("CREATE TABLE IF NOT EXISTS paid (key TEXT)")
-            conn.execute("INSERT INTO paid VALUES (?)", (ctx.idempotency_key,))
+        record(ledger, "paid", ctx.idempotency_key)
         return n
 
     @h.agent("payer")
@@ -57,11 +58,27 @@ def build(db: str) -> tt.Harness:
     return h
 
 
+def record(ledger: str, table: str, key: str) -> None:
+    with sqlite3.connect(ledger, timeout=30) as conn:
+        conn.execute(f"CREATE TABLE IF NOT EXISTS {table} (key TEXT, at REAL)")
+        conn.execute(f"INSERT INTO {table} VALUES (?, ?)", (key, time.time()))
+
+
+def started_calls(ledger: Path) -> int:
+    if not ledger.exists():
+        return 0
+    with sqlite3.connect(ledger, timeout=30) as conn:
+        try:
+            return int(conn.execute("SELECT COUNT(*) FROM started").fetchone()[0])
+        except sqlite3.OperationalError:
+            return 0
+
+
 def worker(db: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "tether", "--store", f"sqlite:///{db}", "--app", "operations:build",
          "worker", *args], env={**os.environ, "PYTHONPATH": str(APP.parent), **(env or {})},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 async def counts(db: str) -> dict[str, int]:
@@ -88,18 +105,20 @@ def drain(tmp: Path, tasks: int, call_seconds: float) -> dict[str, Any]:
     env = {"BENCH_CALL_SECONDS": str(call_seconds)}
     proc = worker(db, "--concurrency", str(tasks), "--drain-timeout", "60", env=env)
     ledger = Path(db + ".ledger")
-    while not ledger.exists():  # wait until the first calls are in flight
+    while started_calls(ledger) < tasks:  # every task inside its side-effecting call
+        if proc.poll() is not None:
+            raise SystemExit(f"the worker exited early: {proc.communicate()[1][-2000:]}")
         time.sleep(0.01)
-    time.sleep(call_seconds / 2)
-    started = time.perf_counter()
+    started = time.time()
     proc.send_signal(signal.SIGTERM)
     code = proc.wait(timeout=120)
-    drained = time.perf_counter() - started
+    exited = time.time()
     with sqlite3.connect(ledger) as conn:
-        paid = conn.execute("SELECT COUNT(*), COUNT(DISTINCT key) FROM paid").fetchone()
+        paid = conn.execute("SELECT COUNT(*), COUNT(DISTINCT key), MAX(at) FROM paid").fetchone()
     with sqlite3.connect(db) as conn:
         leased = conn.execute("SELECT COUNT(*) FROM tasks WHERE lease_owner IS NOT NULL").fetchone()[0]
-    return {"exit": code, "seconds": drained, "paid": paid[0], "distinct": paid[1],
+    return {"exit": code, "seconds": exited - started, "after_last_call": exited - paid[2],
+            "paid": paid[0], "distinct": paid[1],
             "leased_after": leased, "statuses": asyncio.run(counts(db))}
 
 
@@ -130,14 +149,15 @@ def idle_memory(tmp: Path, waiting: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=100, help="tasks in flight when draining")
-    parser.add_argument("--call-seconds", type=float, default=1.0)
+    parser.add_argument("--call-seconds", type=float, default=5.0)
     parser.add_argument("--waiting", type=int, default=10_000)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         result = drain(tmp, args.tasks, args.call_seconds)
         print(f"drain: {args.tasks} tasks each in a {args.call_seconds}s side-effecting call;"
-              f" SIGTERM -> exit {result['exit']} after {result['seconds']:.2f}s;"
+              f" SIGTERM -> exit {result['exit']} after {result['seconds']:.2f}s"
+              f" ({result['after_last_call']:.2f}s after the last call returned);"
               f" calls paid {result['paid']} ({result['distinct']} distinct keys);"
               f" tasks still leased {result['leased_after']}; statuses {result['statuses']}")
         memory = idle_memory(tmp, args.waiting)

@@ -124,6 +124,45 @@ class TaskConformance:
         assert second.fence > first.fence
         assert (await store.get_task("t1")).lease_owner == "w2"
 
+    # ------------------------------------------------------------------ due times (E6)
+
+    async def test_a_scheduled_task_is_claimed_only_once_due(self, store: Store) -> None:
+        """E6: ``create_task(wake_at=)`` (a scheduled start): nobody claims it before then."""
+        now = time.time()
+        record = TaskRecord("later", "echo", Status.PENDING, now, now, 1)
+        await store.create_task(record, head("later"), wake_at=now + 60)
+        assert (await store.get_task("later")).wake_at == pytest.approx(now + 60)
+        assert await store.claim("w1", now + 59, LEASE) is None
+        due = await store.claim("w1", now + 61, LEASE)
+        assert due is not None and due.task_id == "later" and not due.crashed
+
+    async def test_a_running_task_parked_until_a_back_off_ends_wakes_then_or_on_an_event(
+            self, store: Store) -> None:
+        """E6: a running task released with a future wake_at (a long retry back-off) is not
+        claimable before it, unless a P0-P2 event arrives; a P3 signal does not wake it."""
+        now = time.time()
+        await make_task(store, "t1")
+        lease = await claim(store, "t1", now)
+        await store.set_status(lease, Status.RUNNING, None, wake_at=now + 60)
+        await store.release(lease)
+        assert await store.claim("w2", now + 1, LEASE) is None
+        await store.add_event(event("t1", "progress"), 3, limits(coalesce="progress"), now + 1)
+        assert await store.claim("w2", now + 2, LEASE) is None
+        await store.add_event(event("t1", "retry"), 2, limits(), now + 2)
+        woken = await store.claim("w2", now + 3, LEASE)
+        assert woken is not None and woken.task_id == "t1" and not woken.crashed
+
+    async def test_a_dead_holders_task_is_recovered_at_once_whatever_its_due_time(
+            self, store: Store) -> None:
+        """E5, E6: a running task committed with a future wake_at whose worker then died is
+        recovered as soon as the lease expires, not left until the due time."""
+        now = time.time()
+        await make_task(store, "t1")
+        lease = await claim(store, "t1", now)
+        await commit(store, lease, Status.RUNNING, now, wake_at=now + 3600)
+        taken = await store.claim("w2", now + 2 * LEASE, LEASE)
+        assert taken is not None and taken.task_id == "t1" and taken.crashed
+
     async def test_claim_task_unknown_raises_task_not_found(self, store: Store) -> None:
         """R13: claiming a task that does not exist raises TaskNotFound."""
         with pytest.raises(TaskNotFound, match="ghost"):
