@@ -45,10 +45,12 @@ class Settings:
     Side-effecting calls always commit their result at once."""
     sqlite_synchronous: str = "FULL"
     """FULL survives power loss; NORMAL survives a process crash only, and is faster."""
+    postgres_pool_size: int = 10
+    """Most connections one process holds to a PostgreSQL store."""
 
     def __post_init__(self) -> None:
         for name in ("max_recovery_attempts", "checkpoint_every_steps", "inbox_capacity",
-                     "keep_versions", "max_payload_bytes"):
+                     "keep_versions", "max_payload_bytes", "postgres_pool_size"):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"setting {name} must be at least 1")
         for name in ("recovery_timeout", "lease_seconds", "poll_interval", "drain_timeout"):

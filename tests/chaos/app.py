@@ -19,7 +19,8 @@ when the outside world has changed but the result has not been returned):
 
 Environment (read by :func:`main`):
 
-- ``TETHER_CHAOS_DB`` / ``TETHER_CHAOS_LEDGER``  the two SQLite files.
+- ``TETHER_CHAOS_DB`` / ``TETHER_CHAOS_LEDGER``  the store (a SQLite file, or a
+                                 ``postgresql://`` URL) and the ledger (a SQLite file).
 - ``TETHER_CHAOS_CONCURRENCY``   worker concurrency (default 4).
 - ``TETHER_CHAOS_UNSAFE=1``      NEGATIVE CONTROL ONLY: ``refund_keyed`` ignores
                                  its key (no provider dedup) and is declared
@@ -229,10 +230,15 @@ class Approver(tt.Agent):
 # ---------------------------------------------------------------------- the harness
 
 
+def store_url(db: str | Path) -> str:
+    """A SQLite file's path, or a PostgreSQL URL as it is."""
+    return str(db) if str(db).startswith(("postgresql://", "postgres://")) else f"sqlite:///{db}"
+
+
 def build_harness(db: str | Path, ledger: str | Path, unsafe: bool = False) -> tt.Harness:
     ledger = str(ledger)
     init_ledger(ledger)
-    harness = tt.Harness(f"sqlite:///{db}", settings=SETTINGS)
+    harness = tt.Harness(store_url(db), settings=SETTINGS)
     slow_tool = os.environ.get("TETHER_CHAOS_SLOW_TOOL")
     slow = float(os.environ.get("TETHER_CHAOS_SLOW", "0"))
     delay = float(os.environ.get("TETHER_CHAOS_TOOL_DELAY", "0"))
@@ -416,14 +422,12 @@ def break_guard(name: str) -> None:
         raise ValueError(f"unknown guard {name!r}; known: {', '.join(BROKEN_GUARDS)}")
 
 
-def cli_harness(store_url: str) -> tt.Harness:
+def cli_harness(url: str) -> tt.Harness:
     """The factory ``tether --app app:cli_harness`` calls with the store URL."""
     broken = os.environ.get("TETHER_CHAOS_BREAK")
     if broken:
         break_guard(broken)
-    prefix = "sqlite:///"
-    assert store_url.startswith(prefix), store_url
-    return build_harness(store_url[len(prefix):], os.environ["TETHER_CHAOS_LEDGER"])
+    return build_harness(url.removeprefix("sqlite:///"), os.environ["TETHER_CHAOS_LEDGER"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,15 +16,36 @@ def _sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'tether.db'}"
 
 
-class TestStoreConformance(StoreConformance):
-    """R13: the conformance suite on every backend: memory:// and a SQLite file."""
+def _url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if backend == "memory":
+        return "memory://"
+    if backend == "postgres":
+        return str(request.getfixturevalue("pg_url"))  # skipped (or failed in CI) if absent
+    return _sqlite_url(tmp_path)
 
-    @pytest.fixture(params=["memory", "sqlite-file"])
+
+class TestStoreConformance(StoreConformance):
+    """R13: the conformance suite on every backend: memory://, a SQLite file, PostgreSQL."""
+
+    @pytest.fixture(params=["memory", "sqlite-file", "postgres"])
     async def store(self, request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-        url = "memory://" if request.param == "memory" else _sqlite_url(tmp_path)
-        store = open_store(url)
+        store = open_store(_url(request.param, request, tmp_path))
         yield store
         await store.close()
+
+
+class TestPostgresDurability(DurableStoreConformance):
+    """R6, R19: the PostgreSQL backend, including a second store (another process) on it."""
+
+    @pytest.fixture
+    async def store(self, pg_url: str) -> AsyncIterator[Store]:
+        store = open_store(pg_url)
+        yield store
+        await store.close()
+
+    @pytest.fixture
+    def reopen_store(self, pg_url: str) -> Callable[[], Store]:
+        return lambda: open_store(pg_url)
 
 
 class TestSQLiteFileDurability(DurableStoreConformance):

@@ -28,7 +28,8 @@ def open_store(url: str | None, settings: Settings | None = None) -> Store:
     """Open the store a URL names.
 
     ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db`` for a file;
-    ``memory://`` for a private in-memory database (tests, trivial tasks).
+    ``memory://`` for a private in-memory database (tests, trivial tasks);
+    ``postgresql://user:password@host:5432/db`` for PostgreSQL (the ``postgres`` extra).
     """
     settings = settings or Settings()
     url = url or DEFAULT_URL
@@ -42,8 +43,12 @@ def open_store(url: str | None, settings: Settings | None = None) -> Store:
         if not parent.is_dir():
             raise StoreURLError(f"store URL {url!r}: folder {str(parent)!r} does not exist")
         return SQLiteStore(path, synchronous=settings.sqlite_synchronous)
+    if url.startswith(("postgresql://", "postgres://")):
+        from tether.store.postgres import PostgresStore  # psycopg only when asked for
+
+        return PostgresStore(url, max_size=settings.postgres_pool_size)
     scheme = url.split(":", 1)[0]
     raise StoreURLError(
-        f"store URL {url!r} is not supported (scheme {scheme!r}); use sqlite:///path.db or memory://"
-        " (PostgreSQL arrives with the postgresql:// backend)"
+        f"store URL {url!r} is not supported (scheme {scheme!r}); use sqlite:///path.db,"
+        " postgresql://user@host/db or memory://"
     )

@@ -44,7 +44,8 @@ _TASK_COLUMNS = (
 # partial index, so a claim stays cheap however many tasks wait or have finished (E7):
 # pending and running tasks with no due time; open tasks whose due time came (a timer, a
 # deadline, a scheduled start, a back-off, an event that woke them); tasks whose holder died
-# (lease expired while still owned); finished tasks that a lever (rollback, resume) woke up.
+# (lease expired while still owned: recovered before any new work, so a dead worker's tasks
+# never wait behind a backlog); finished tasks that a lever (rollback, resume) woke up.
 # (A partial index is only used when the query repeats its WHERE term word for word.)
 _OPEN = "('pending', 'running', 'waiting', 'paused', 'needs_human')"
 _NOT_BUSY = "task_id NOT IN (SELECT value FROM json_each(:busy))"
@@ -55,7 +56,7 @@ _BRANCHES = (
            AND {_FREE}""",
     f"""SELECT task_id, wake_at AS due FROM tasks INDEXED BY tasks_open
          WHERE status IN {_OPEN} AND wake_at <= :now AND {_FREE}""",
-    f"""SELECT task_id, lease_until AS due FROM tasks INDEXED BY tasks_orphaned
+    f"""SELECT task_id, 0 AS due FROM tasks INDEXED BY tasks_orphaned
          WHERE lease_owner IS NOT NULL AND lease_until < :now AND status IN {_OPEN}
            AND {_NOT_BUSY}""",
     f"""SELECT task_id, wake_at AS due FROM tasks

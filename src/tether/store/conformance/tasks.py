@@ -163,6 +163,17 @@ class TaskConformance:
         taken = await store.claim("w2", now + 2 * LEASE, LEASE)
         assert taken is not None and taken.task_id == "t1" and taken.crashed
 
+    async def test_a_dead_workers_task_is_claimed_before_older_new_work(self, store: Store) -> None:
+        """R13, E5: recovery comes first: a task whose worker died is claimed before a backlog
+        of pending tasks, however old, so it never waits behind new work."""
+        now = time.time()
+        await make_task(store, "backlog", created_at=now - 100)
+        await make_task(store, "orphan", created_at=now)
+        lease = await claim(store, "orphan", now)
+        await commit(store, lease, Status.RUNNING, now)
+        first = await store.claim("w2", now + 2 * LEASE, LEASE)
+        assert first is not None and first.task_id == "orphan" and first.crashed
+
     async def test_claim_task_unknown_raises_task_not_found(self, store: Store) -> None:
         """R13: claiming a task that does not exist raises TaskNotFound."""
         with pytest.raises(TaskNotFound, match="ghost"):
