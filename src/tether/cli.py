@@ -29,7 +29,7 @@ from rich.table import Table
 
 import tether as tt
 from tether.bundle import dumps_bundle
-from tether.store import DEFAULT_URL
+from tether.store import DEFAULT_URL, open_store
 
 T = TypeVar("T")
 console = Console()
@@ -111,7 +111,7 @@ def local_time(ts: float | None) -> str:
 
 @click.group()
 @click.option("--store", envvar="TETHER_STORE", default=DEFAULT_URL, show_default=True,
-              help="Store URL: sqlite:///path.db or memory://")
+              help="Store URL: sqlite:///path.db, postgresql://user@host/db or memory://")
 @click.option("--app", envvar="TETHER_APP", default=DEFAULT_APP, show_default=True,
               help="Import path of the harness (module:attribute).")
 @click.pass_context
@@ -124,6 +124,25 @@ def main(ctx: click.Context, store: str, app: str) -> None:
 
 def _harness(ctx: click.Context) -> tt.Harness:
     return load_app(ctx.obj["app"], ctx.obj["store"], ctx.obj["store_given"])
+
+
+@main.command()
+@click.pass_context
+def migrate(ctx: click.Context) -> None:
+    """Create or upgrade the store's schema (run it before rolling out a new tether)."""
+    async def go() -> list[str]:
+        store = open_store(ctx.obj["store"])
+        try:
+            return await store.migrate()
+        finally:
+            await store.close()
+
+    try:
+        applied = asyncio.run(go())
+    except tt.TetherError as exc:
+        console.print(f"[red]error:[/] {exc}", highlight=False)
+        raise SystemExit(1) from None
+    click.echo(f"applied: {', '.join(applied)}" if applied else "schema is up to date")
 
 
 @main.command()

@@ -17,7 +17,7 @@ import os
 import socket
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tether.errors import CorruptSnapshot, LeaseLost, SnapshotTooNew, StoreError, TetherError
 from tether.model import Status
@@ -72,19 +72,21 @@ class Worker:
         return claimed
 
     async def _wait_for_change(self, stop: asyncio.Event | None) -> None:
+        """Until a task ends, work is announced by the store (or a poll interval passes), or
+        the worker is told to stop."""
+        interval = self.harness.settings.poll_interval
         waiters: set[asyncio.Future[object]] = set(self.active.values())  # type: ignore[arg-type]
-        stopper = asyncio.ensure_future(stop.wait()) if stop else None
-        if stopper:
-            waiters.add(stopper)  # type: ignore[arg-type]
+        helpers: list[asyncio.Future[Any]] = [
+            asyncio.ensure_future(self.harness.store.wait_for_work(interval))]
+        if stop:
+            helpers.append(asyncio.ensure_future(stop.wait()))
+        waiters.update(helpers)
         try:
-            if waiters:
-                await asyncio.wait(waiters, timeout=self.harness.settings.poll_interval,
-                                   return_when=asyncio.FIRST_COMPLETED)
-            else:
-                await asyncio.sleep(self.harness.settings.poll_interval)
+            await asyncio.wait(waiters, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if stopper:
-                stopper.cancel()
+            for helper in helpers:
+                helper.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
 
     async def _drain(self) -> None:
         """Stop at step boundaries, wait up to ``drain_timeout``, then cut off what is left."""
@@ -117,8 +119,8 @@ class Worker:
         """Renew leases and pass on events stored by other processes (P0 preempts at once)."""
         settings = self.harness.settings
         last_renew = time.time()
-        while True:
-            await asyncio.sleep(settings.poll_interval)
+        while True:  # a long poll interval must not let leases lapse
+            await asyncio.sleep(min(settings.poll_interval, settings.lease_seconds / 3))
             renew = time.time() - last_renew > settings.lease_seconds / 3
             for task_id, claim in list(self._claims.items()):
                 try:

@@ -139,3 +139,33 @@ def test_a_lever_that_is_not_applied_says_why_and_exits_1(cli) -> None:  # type:
     assert "duplicate resume signal" in out
     closed = " ".join(cli("cancel", task_id).split())
     assert "cancel applied; now cancelled" in closed
+
+
+@pytest.mark.postgres
+def test_r13_migrate_creates_then_keeps_a_postgres_schema_and_workers_run_on_it(
+        cli, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """R13: `tether migrate` on a PostgreSQL store says what it applied, and nothing the second
+    time; `worker --store postgresql://...` then runs the example tasks there."""
+    import services
+
+    fresh = services.create_database()
+    try:
+        monkeypatch.setenv("TETHER_STORE", fresh)
+        assert cli("migrate").strip() == "applied: 0001_initial.sql"
+        assert cli("migrate").strip() == "schema is up to date"
+        task_id = cli("submit", "report", "--input", '{"report": "FY25"}').strip()
+        cli("worker", "--until-idle")
+        shown = json.loads(cli("show", task_id, "--json"))
+        assert shown["snapshot"]["status"] == "completed"
+    finally:
+        services.drop_database(fresh)
+
+
+def test_r13_migrate_on_sqlite_has_nothing_to_do(cli) -> None:  # type: ignore[no-untyped-def]
+    assert cli("migrate").strip() == "schema is up to date"
+
+
+def test_r13_an_unreachable_postgres_store_is_one_clear_line(cli, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("TETHER_STORE", "postgresql://nobody:secret@127.0.0.1:1/none")
+    out = cli("ls", ok=False)
+    assert "cannot reach PostgreSQL store" in out and "secret" not in out

@@ -156,5 +156,12 @@ class Store(Protocol):
     async def list_recovery_log(self, task_id: str) -> list[dict[str, Any]]:
         """The task's recovery records, oldest first."""
 
+    async def wait_for_work(self, timeout: float) -> None:
+        """Return when new work may have arrived (a task or an event was stored, by any
+        process), or after *timeout*. A backend without notifications simply sleeps."""
+
+    async def migrate(self) -> list[str]:
+        """Create or upgrade the schema now; returns the migrations applied (maybe none)."""
+
     async def close(self) -> None:
         """Release connections."""

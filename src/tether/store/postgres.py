@@ -12,6 +12,9 @@ pool. What PostgreSQL changes:
 - Events for one task are serialised by the same row lock, so dedup by
   ``source_event_id``, coalescing and capacity are decided one event at a time; the
   unique index is the last line of defence.
+- Idle workers LISTEN on ``tether_work``; creating a task or storing an event NOTIFYs it
+  when the transaction commits, so work sent through the table is picked up at once
+  rather than at the next poll.
 - The schema is created and upgraded by numbered migrations (``sql/postgres/NNNN_*.sql``),
   applied under an advisory lock by the first store that opens, or by ``tether migrate``.
 """
@@ -73,6 +76,8 @@ RETURNING t.task_id, t.fence, t.crashes,
           chosen.lease_owner IS NOT NULL AND chosen.status NOT IN {_FINISHED}
 """
 _OPEN_END = 1 << 62
+_CHANNEL = "tether_work"
+"""NOTIFY channel: a task was created or an event stored (sent when the transaction commits)."""
 _MIGRATIONS_LOCK = 0x7E7E_0001
 _MIGRATION_FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 
@@ -99,6 +104,7 @@ class PostgresStore:
         self._pool_open = False
         self._ready = False
         self._opening = asyncio.Lock()
+        self._listener: psycopg.AsyncConnection[Any] | None = None
 
     # ------------------------------------------------------------------ plumbing
 
@@ -108,7 +114,8 @@ class PostgresStore:
         async with self._opening:
             if self._ready:
                 return
-            await self.migrate()
+            await self._open_pool()
+            await self._apply_migrations()
             self._ready = True
 
     async def _open_pool(self) -> None:
@@ -120,9 +127,7 @@ class PostgresStore:
             raise StoreError(f"cannot reach PostgreSQL store {self.where}: {exc}") from exc
         self._pool_open = True
 
-    async def migrate(self) -> list[str]:
-        """Apply the migrations this database has not had yet; returns the files applied."""
-        await self._open_pool()
+    async def _apply_migrations(self) -> list[str]:
         applied: list[str] = []
         async with self._pool.connection() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATIONS_LOCK,))
@@ -195,6 +200,7 @@ class PostgresStore:
             await conn.execute(
                 "INSERT INTO snapshots (task_id, version, created_at, head) VALUES (%s, 1, %s, %s)",
                 (record.task_id, record.created_at, head))
+            await conn.execute("SELECT pg_notify(%s, %s)", (_CHANNEL, record.task_id))
 
     async def get_task(self, task_id: str) -> TaskRecord:
         rows = await self._rows(f"SELECT {_TASK_COLUMNS} FROM tasks WHERE task_id = %s", (task_id,))
@@ -371,6 +377,7 @@ class PostgresStore:
             if wakeable:
                 await conn.execute("UPDATE tasks SET wake_at = %s WHERE task_id = %s"
                                    " AND status = ANY(%s)", (now, event.task_id, wakeable))
+            await conn.execute("SELECT pg_notify(%s, %s)", (_CHANNEL, event.task_id))
         return EmitReceipt(True, event_id, "stored", coalesced)
 
     async def pending_events(self, task_id: str) -> list[StoredEvent]:
@@ -410,7 +417,27 @@ class PostgresStore:
                                 (task_id,))
         return [orjson.loads(row[0]) for row in rows]
 
+    async def wait_for_work(self, timeout: float) -> None:
+        """LISTEN for new tasks and events (NOTIFY is sent when they commit), up to *timeout*."""
+        await self._open()
+        try:
+            if self._listener is None:
+                self._listener = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+                await self._listener.execute(f"LISTEN {_CHANNEL}")
+            async for _ in self._listener.notifies(timeout=timeout, stop_after=1):
+                return
+        except psycopg.Error as exc:  # the next look at the table finds the work anyway
+            self._listener = None
+            raise StoreError(f"PostgreSQL store {self.where}: LISTEN failed: {exc}") from exc
+
+    async def migrate(self) -> list[str]:
+        """Apply the migrations this database has not had yet; returns the files applied."""
+        await self._open_pool()
+        return await self._apply_migrations()
+
     async def close(self) -> None:
+        if self._listener is not None:
+            await self._listener.close()
         await self._pool.close()
 
 

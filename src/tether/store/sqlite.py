@@ -12,6 +12,7 @@ point inside a transaction means no interleaving between coroutines.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import time
 from collections.abc import Collection, Iterator, Sequence
@@ -518,6 +519,14 @@ class SQLiteStore:
             "SELECT record FROM recovery_log WHERE task_id = ? ORDER BY id", (task_id,)
         ).fetchall()
         return [orjson.loads(row[0]) for row in rows]
+
+    async def wait_for_work(self, timeout: float) -> None:
+        """No notifications in SQLite: workers find new work by looking (cheaply) again."""
+        await asyncio.sleep(timeout)
+
+    async def migrate(self) -> list[str]:
+        """The SQLite schema is created (idempotently) when the store opens: nothing to do."""
+        return []
 
     async def close(self) -> None:
         self._db.close()
