@@ -64,3 +64,28 @@ def reset_database(url: str) -> None:
             " AND tablename <> 'tether_migrations'")]
         if tables:
             conn.execute(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY")
+
+
+REDIS_URL = os.environ.get("TETHER_TEST_REDIS", "redis://127.0.0.1:6379/0")
+
+
+def redis_url() -> str:
+    """The test Redis, after checking it answers."""
+    try:
+        import redis
+    except ImportError as exc:
+        unavailable("redis-py (pip install '.[redis]')", exc)
+    try:
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
+    except redis.RedisError as exc:
+        unavailable(f"Redis at {REDIS_URL}", exc)
+    return REDIS_URL
+
+
+def clear_redis(url: str, prefix: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    keys = list(client.scan_iter(f"{prefix}:*"))
+    if keys:
+        client.delete(*keys)

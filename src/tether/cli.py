@@ -112,11 +112,15 @@ def local_time(ts: float | None) -> str:
 @click.group()
 @click.option("--store", envvar="TETHER_STORE", default=DEFAULT_URL, show_default=True,
               help="Store URL: sqlite:///path.db, postgresql://user@host/db or memory://")
+@click.option("--cache", envvar="TETHER_CACHE", metavar="REDIS_URL",
+              help="Keep hot snapshot heads in Redis (redis://host:6379/0).")
 @click.option("--app", envvar="TETHER_APP", default=DEFAULT_APP, show_default=True,
               help="Import path of the harness (module:attribute).")
 @click.pass_context
-def main(ctx: click.Context, store: str, app: str) -> None:
+def main(ctx: click.Context, store: str, cache: str | None, app: str) -> None:
     """tether: agents that survive being interrupted."""
+    if cache:
+        os.environ["TETHER_CACHE"] = cache  # every harness this command builds uses it
     source = ctx.get_parameter_source("store")
     ctx.obj = {"store": store, "app": app,
                "store_given": source is not click.core.ParameterSource.DEFAULT}

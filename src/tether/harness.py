@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -58,8 +59,10 @@ class Harness:
         notifier: Notifier | None = None,
         bundle_dir: str | Path | None = None,
         worker_id: str | None = None,
+        cache: str | None = None,
     ) -> None:
         self.settings = settings or Settings()
+        self._cache_arg = cache if cache is not None else os.environ.get("TETHER_CACHE")
         self.protocol = protocol if isinstance(protocol, InterruptionProtocol) \
             else InterruptionProtocol(protocol)
         self._store_arg = store
@@ -81,7 +84,7 @@ class Harness:
         if self._store is None:
             arg = self._store_arg
             self._store = arg if arg is not None and not isinstance(arg, str) \
-                else open_store(arg, self.settings)
+                else open_store(arg, self.settings, cache=self._cache_arg)
         return self._store
 
     @property

@@ -45,6 +45,8 @@ class Settings:
     Side-effecting calls always commit their result at once."""
     sqlite_synchronous: str = "FULL"
     """FULL survives power loss; NORMAL survives a process crash only, and is faster."""
+    cache_ttl: float = 3600.0
+    """Seconds a snapshot head stays in the Redis cache after it was written or read."""
     postgres_pool_size: int = 10
     """Most connections one process holds to a PostgreSQL store."""
 
@@ -53,7 +55,8 @@ class Settings:
                      "keep_versions", "max_payload_bytes", "postgres_pool_size"):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"setting {name} must be at least 1")
-        for name in ("recovery_timeout", "lease_seconds", "poll_interval", "drain_timeout"):
+        for name in ("recovery_timeout", "lease_seconds", "poll_interval", "drain_timeout",
+                     "cache_ttl"):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"setting {name} must be positive")
         if min(self.coalesce_window, self.recovery_backoff, self.defer_results_under) < 0:

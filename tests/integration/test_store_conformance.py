@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 
+import services
 from tether.settings import Settings
 from tether.store import SQLiteStore, Store, open_store
 from tether.store.conformance import DurableStoreConformance, StoreConformance
+from tether.store.redis_cache import CachedStore
 
 
 def _sqlite_url(tmp_path: Path) -> str:
@@ -27,8 +30,16 @@ def _url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
 class TestStoreConformance(StoreConformance):
     """R13: the conformance suite on every backend: memory://, a SQLite file, PostgreSQL."""
 
-    @pytest.fixture(params=["memory", "sqlite-file", "postgres"])
+    @pytest.fixture(params=["memory", "sqlite-file", "postgres", "postgres+redis"])
     async def store(self, request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+        if request.param == "postgres+redis":
+            cache = services.redis_url()
+            store: Store = CachedStore(open_store(_url("postgres", request, tmp_path)), cache,
+                                       prefix=f"tether-test-{uuid.uuid4().hex[:8]}")
+            yield store
+            await store.close()
+            services.clear_redis(cache, store.prefix)  # type: ignore[attr-defined]
+            return
         store = open_store(_url(request.param, request, tmp_path))
         yield store
         await store.close()

@@ -24,14 +24,26 @@ __all__ = [
 ]
 
 
-def open_store(url: str | None, settings: Settings | None = None) -> Store:
+def open_store(url: str | None, settings: Settings | None = None, cache: str | None = None) -> Store:
+    """Open the store a URL names, with a Redis cache of snapshot heads in front if *cache*
+    (a ``redis://`` URL) is given."""
+    store = _open_backend(url, settings or Settings())
+    if not cache:
+        return store
+    if not cache.startswith(("redis://", "rediss://", "unix://")):
+        raise StoreURLError(f"cache URL {cache!r} is not a Redis URL (redis://host:6379/0)")
+    from tether.store.redis_cache import CachedStore  # redis-py only when asked for
+
+    return CachedStore(store, cache, ttl=(settings or Settings()).cache_ttl)
+
+
+def _open_backend(url: str | None, settings: Settings) -> Store:
     """Open the store a URL names.
 
     ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db`` for a file;
     ``memory://`` for a private in-memory database (tests, trivial tasks);
     ``postgresql://user:password@host:5432/db`` for PostgreSQL (the ``postgres`` extra).
     """
-    settings = settings or Settings()
     url = url or DEFAULT_URL
     if url in ("memory://", "memory:", "sqlite://:memory:", "sqlite:///:memory:"):
         return SQLiteStore(":memory:", synchronous="OFF")
