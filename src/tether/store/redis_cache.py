@@ -1,7 +1,8 @@
 """Redis in front of a store: snapshot heads served from memory, the store still the truth (R13).
 
 Only what never changes is cached: a head is stored in Redis under its task *and
-version* (``tether:head:<task>:<version>``), written when a worker commits it and
+version* (``tether:head:<task>:<version>``), written when a task is created or a worker
+commits it, and
 read when a worker loads the newest head again after a claim. The newest version
 number always comes from the store's task row, so a write that went around the
 cache (a CLI lever without ``--cache``, another deployment) can never make a
@@ -98,6 +99,10 @@ class CachedStore:
         await self._put(self._key(claim.task_id, version), checkpoint.head)  # after it is durable
         return version
 
+    async def create_task(self, record: TaskRecord, head: bytes, wake_at: float | None = None) -> None:
+        await self.inner.create_task(record, head, wake_at)
+        await self._put(self._key(record.task_id, 1), head)
+
     async def close(self) -> None:
         try:
             await self.redis.aclose()
@@ -106,8 +111,6 @@ class CachedStore:
 
     # ------------------------------------------------------------------ passed through
 
-    async def create_task(self, record: TaskRecord, head: bytes, wake_at: float | None = None) -> None:
-        await self.inner.create_task(record, head, wake_at)
 
     async def get_task(self, task_id: str) -> TaskRecord:
         return await self.inner.get_task(task_id)
