@@ -183,9 +183,11 @@ def _app_argument(ctx: click.Context, _param: click.Parameter, value: str | None
               help="Seconds in-flight steps may take on a graceful stop (default: settings).")
 @click.option("--degraded", metavar="REASON",
               help="Start degraded: every task runs its agent's fallback (R3).")
+@click.option("--events", envvar="TETHER_EVENTS", metavar="REDIS_URL",
+              help="Also take events from the Redis Stream tether:events (consumer group).")
 @harness_command
 async def worker(harness: tt.Harness, concurrency: int, until_idle: bool,
-                 drain_timeout: float | None, degraded: str | None) -> None:
+                 drain_timeout: float | None, degraded: str | None, events: str | None) -> None:
     """Claim, run and recover tasks of APP (module:harness; default --app).
 
     Any number of workers, in one process or many, may share a store. SIGTERM or
@@ -204,11 +206,25 @@ async def worker(harness: tt.Harness, concurrency: int, until_idle: bool,
         loop.add_signal_handler(signum, _on_stop_signal, stop, signum, harness)
     click.echo(f"worker {harness.worker_id} serving (concurrency {concurrency});"
                " SIGTERM drains, a second one exits at once", err=True)
-    if until_idle:
-        await harness.run_until_idle(concurrency=concurrency, stop=stop)
-    else:
-        await harness.serve(concurrency=concurrency, stop=stop)
+    ingest = _stream_ingest(harness, events) if events else None
+    feeding = asyncio.create_task(ingest.run(stop)) if ingest else None
+    try:
+        if until_idle:
+            await harness.run_until_idle(concurrency=concurrency, stop=stop)
+        else:
+            await harness.serve(concurrency=concurrency, stop=stop)
+    finally:
+        stop.set()
+        if feeding is not None and ingest is not None:
+            await feeding
+            await ingest.close()
     click.echo(f"worker {harness.worker_id} stopped; its tasks were released", err=True)
+
+
+def _stream_ingest(harness: tt.Harness, url: str) -> Any:
+    from tether.streams import StreamIngest  # redis-py only when asked for
+
+    return StreamIngest(harness, url)
 
 
 def _on_stop_signal(stop: asyncio.Event, signum: int, harness: tt.Harness) -> None:

@@ -1,0 +1,140 @@
+"""R3, R19: events over Redis Streams. An entry is stored in the inbox (deduplicated) before
+anything else, acknowledged only once its task applied it, and taken over from a consumer
+that died; an entry that can never be an event goes to a dead-letter stream with the reason."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+import services
+import tether as tt
+from tether.streams import StreamIngest, send
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+async def stream() -> AsyncIterator[tuple[str, str]]:
+    url = services.redis_url()
+    name = f"tether-test-{uuid.uuid4().hex[:8]}:events"
+    yield url, name
+    client = aioredis.from_url(url)
+    await client.delete(name, f"{name}:dead")
+    await client.aclose()
+
+
+def approvals(tmp_path_db: str) -> tt.Harness:
+    h = tt.Harness(tmp_path_db, settings=tt.Settings(poll_interval=0.01))
+
+    @h.agent("gate")
+    class Gate(tt.Agent):
+        async def plan(self, t: tt.TaskView) -> tt.Action:
+            return tt.Wait("approval") if t.last_event is None else tt.Finish(t.last_event["payload"])
+
+    return h
+
+
+async def pending_count(url: str, name: str) -> int:
+    client = aioredis.from_url(url)
+    try:
+        info = await client.xpending(name, "tether")
+        return int(info["pending"])
+    finally:
+        await client.aclose()
+
+
+async def test_r19_an_entry_is_acknowledged_only_after_its_task_applied_it(
+        stream: tuple[str, str], tmp_path) -> None:  # type: ignore[no-untyped-def]
+    url, name = stream
+    h = approvals(f"sqlite:///{tmp_path / 's.db'}")
+    tid = await h.submit("gate")
+    await h.run_until_idle(timeout=5)
+    ingest = StreamIngest(h, url, stream=name, block=0.05)
+    await ingest._ensure_group()
+    await send(url, tt.Event("approval", tid, {"by": "ann"}), stream=name)
+    await ingest.step()
+    stored = [e for e in await h.store.list_events(tid) if e.event.type == "approval"]
+    assert [e.status for e in stored] == ["pending"]  # durable in the store, not yet applied
+    assert stored[0].event.source_event_id is not None
+    assert await pending_count(url, name) == 1  # so not acknowledged
+    await h.run_until_idle(timeout=5)
+    assert await ingest.acknowledge_applied() == 1
+    assert await pending_count(url, name) == 0
+    assert (await h.get(tid)).snapshot.result == {"by": "ann"}
+    await ingest.close()
+    await h.close()
+
+
+async def test_r19_entries_of_a_consumer_that_died_are_taken_over_and_applied_once(
+        stream: tuple[str, str], tmp_path) -> None:  # type: ignore[no-untyped-def]
+    url, name = stream
+    h = approvals(f"sqlite:///{tmp_path / 's.db'}")
+    ids = [await h.submit("gate") for _ in range(5)]
+    await h.run_until_idle(timeout=5)
+    doomed = StreamIngest(h, url, stream=name, consumer="doomed", block=0.05)
+    await doomed._ensure_group()
+    for i, tid in enumerate(ids):
+        await send(url, tt.Event("approval", tid, {"n": i}), stream=name)
+    await doomed._read(">")  # took all five, stored them, then died before acknowledging
+    await doomed.close()
+    heir = StreamIngest(h, url, stream=name, consumer="heir", claim_idle=0.1, block=0.05)
+    await asyncio.sleep(0.3)
+    await heir.step()  # XAUTOCLAIM: the entries are the heir's now; emitting again is a no-op
+    await h.run_until_idle(timeout=5)
+    assert await heir.acknowledge_applied() == 5
+    assert await pending_count(url, name) == 0
+    for i, tid in enumerate(ids):
+        approvals_seen = [e for e in await h.store.list_events(tid) if e.event.type == "approval"]
+        assert [e.status for e in approvals_seen] == ["applied"]
+        assert (await h.get(tid)).snapshot.result == {"n": i}
+    await heir.close()
+    await h.close()
+
+
+async def test_r03_an_entry_that_cannot_be_an_event_goes_to_the_dead_letter_stream(
+        stream: tuple[str, str], tmp_path) -> None:  # type: ignore[no-untyped-def]
+    url, name = stream
+    h = approvals(f"sqlite:///{tmp_path / 's.db'}")
+    ingest = StreamIngest(h, url, stream=name, block=0.05)
+    await ingest._ensure_group()
+    client = aioredis.from_url(url)
+    await client.xadd(name, {"event": b"{not json"})
+    await client.xadd(name, {"event": b'{"type": "approval", "task_id": "ghost"}'})
+    await client.xadd(name, {"something": b"else"})
+    await ingest.step()
+    dead = await client.xrange(f"{name}:dead")
+    reasons = [fields[b"reason"].decode() for _, fields in dead]
+    assert len(reasons) == 3
+    assert "not JSON" in reasons[0] and "ghost" in reasons[1] and "'type'" in reasons[2]
+    assert await pending_count(url, name) == 0
+    await client.aclose()
+    await ingest.close()
+    await h.close()
+
+
+async def test_r19_run_feeds_a_serving_worker_until_stopped(
+        stream: tuple[str, str], tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """R19: ``StreamIngest.run`` beside ``Harness.serve`` (what ``tether worker --events`` does)."""
+    url, name = stream
+    h = approvals(f"sqlite:///{tmp_path / 's.db'}")
+    tid = await h.submit("gate")
+    stop = asyncio.Event()
+    ingest = StreamIngest(h, url, stream=name, block=0.05)
+    tasks = [asyncio.create_task(h.serve(stop=stop)), asyncio.create_task(ingest.run(stop))]
+    await send(url, tt.Event("approval", tid, {"via": "stream"}), stream=name)
+    for _ in range(200):
+        if (await h.get(tid)).record.status is tt.Status.COMPLETED and \
+                await pending_count(url, name) == 0:
+            break
+        await asyncio.sleep(0.05)
+    stop.set()
+    await asyncio.gather(*tasks)
+    assert (await h.get(tid)).snapshot.result == {"via": "stream"}
+    assert await pending_count(url, name) == 0
+    await ingest.close()
+    await h.close()
