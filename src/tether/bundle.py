@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 
+from tether import blobs
 from tether.errors import CorruptSnapshot
 from tether.model import Snapshot, TaskRecord
 from tether.store import Store
@@ -20,6 +21,7 @@ async def export_bundle(store: Store, task_id: str) -> dict[str, Any]:
     record = await store.get_task(task_id)
     version, data = await store.load_head(task_id)
     try:
+        data = await blobs.resolve(store, data, task_id, version)
         snap = Snapshot.loads(data, task_id, version)
     except CorruptSnapshot as error:
         return await _bundle_without_snapshot(store, record, str(error))

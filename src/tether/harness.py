@@ -19,6 +19,7 @@ from typing import Any, TypeVar, overload
 
 import orjson
 
+from tether import blobs
 from tether.agent import Agent
 from tether.bundle import dumps_bundle, export_bundle
 from tether.errors import ConfigurationError, UnknownAgent
@@ -161,7 +162,8 @@ class Harness:
                         stack=[Frame(agent=agent, input=plain)],
                         deadline_at=due_time(deadline, "deadline", now))
         record = TaskRecord(task_id, agent, Status.PENDING, now, now, 1)
-        await self.store.create_task(record, snap.dumps(), wake_at=start)
+        head, large = blobs.layered(snap.dumps(), self.settings.blob_threshold)
+        await self.store.create_task(record, head, wake_at=start, blobs=large)
         return task_id
 
     async def emit(self, event: Event) -> EmitReceipt:
@@ -184,8 +186,9 @@ class Harness:
                        redo_side_effects: bool = False) -> EmitReceipt:
         """Roll a task back to a kept version (R14). Side effects are not redone unless asked (E4)."""
         await ensure_task(self.store, task_id)
-        _, head = await self.store.load_head(task_id, version)
-        Snapshot.loads(head, task_id, version)  # a damaged version is refused here, by name
+        _, head = await self.store.load_head(task_id, version)  # large values stay referenced
+        Snapshot.loads(await blobs.resolve(self.store, head, task_id, version), task_id,
+                       version)  # a damaged version is refused here, by name
         payload = {"version": version, "redo_side_effects": redo_side_effects,
                    "head": orjson.loads(head)}
         return await self._control(Event("rollback", task_id, payload))
@@ -240,7 +243,7 @@ class Harness:
 
     async def get(self, task_id: str) -> TaskInfo:
         record = await self.store.get_task(task_id)
-        version, data = await self.store.load_head(task_id)
+        version, data = await blobs.load_head(self.store, task_id)
         return TaskInfo(record, version, Snapshot.loads(data, task_id, version))
 
     async def history(self, task_id: str) -> list[dict[str, Any]]:

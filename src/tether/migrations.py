@@ -30,7 +30,13 @@ def _v2_to_v3(raw: Raw) -> Raw:
     return raw
 
 
-MIGRATIONS: dict[int, Callable[[Raw], Raw]] = {1: _v1_to_v2, 2: _v2_to_v3}
+def _v3_to_v4(raw: Raw) -> Raw:
+    """Format 4 heads may refer to large values by digest (R20); a format-3 head has none, and
+    a format-3 tether must refuse a format-4 head rather than read references as data."""
+    return raw
+
+
+MIGRATIONS: dict[int, Callable[[Raw], Raw]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
 """Format N -> N+1."""
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from tether import timers
+from tether import blobs, timers
 from tether.errors import TetherError
 from tether.failpoints import failpoint
 from tether.model import (
@@ -441,10 +441,10 @@ async def rollback(runner: Runner, event: Event) -> None:
     version = int(payload["version"])
     task_id = runner.snap.task_id
     if "head" in payload:  # captured when the rollback was asked for, so pruning cannot race it
-        old = Snapshot.loads(orjson.dumps(payload["head"]), task_id, version)
+        data = await blobs.resolve(runner.store, orjson.dumps(payload["head"]), task_id, version)
     else:
-        _, data = await runner.store.load_head(task_id, version)
-        old = Snapshot.loads(data, task_id, version)
+        _, data = await blobs.load_head(runner.store, task_id, version)
+    old = Snapshot.loads(data, task_id, version)
     failpoint("during_rollback")
     epoch = await branch_history(runner.store, old)
     if payload.get("redo_side_effects"):

@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tether import degrade, recovery, timers
+from tether import blobs, degrade, recovery, timers
 from tether.agent import Agent, TaskView
 from tether.errors import (
     CorruptSnapshot,
@@ -107,6 +107,7 @@ class Runner:
         skipped: list[str] = []
         while True:
             try:
+                data = await blobs.resolve(store, data, claim.task_id, version)
                 snap = Snapshot.loads(data, claim.task_id, version)
                 history = await _complete_history(store, snap, version)
                 break
@@ -542,8 +543,9 @@ class Runner:
         """Write the head and everything buffered since the last commit, atomically."""
         snap = self.snap
         reason = snap.error if snap.status in (Status.NEEDS_HUMAN, Status.FAILED) else None
+        head, large = blobs.layered(snap.dumps(), self.settings.blob_threshold)
         checkpoint = Checkpoint(
-            head=snap.dumps(), status=snap.status, history=self._rows,
+            head=head, blobs=large, status=snap.status, history=self._rows,
             events_done=self._events_done, idempotency=self._idempotency,
             recovery_log=self._log, wake_at=self._wake_at(), reason=reason,
             progress=self._progress)

@@ -45,6 +45,9 @@ class Settings:
     Side-effecting calls always commit their result at once."""
     sqlite_synchronous: str = "FULL"
     """FULL survives power loss; NORMAL survives a process crash only, and is faster."""
+    blob_threshold: int = 64 * 1024
+    """Strings longer than this many bytes are stored apart from the snapshot head, once
+    per content, and loaded when the task is loaded to run (R20)."""
     cache_ttl: float = 3600.0
     """Seconds a snapshot head stays in the Redis cache after it was written or read."""
     postgres_pool_size: int = 10
@@ -52,7 +55,8 @@ class Settings:
 
     def __post_init__(self) -> None:
         for name in ("max_recovery_attempts", "checkpoint_every_steps", "inbox_capacity",
-                     "keep_versions", "max_payload_bytes", "postgres_pool_size"):
+                     "keep_versions", "max_payload_bytes", "postgres_pool_size",
+                     "blob_threshold"):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"setting {name} must be at least 1")
         for name in ("recovery_timeout", "lease_seconds", "poll_interval", "drain_timeout",

@@ -10,7 +10,7 @@ a worker whose lease was taken over can never land a write.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -54,6 +54,8 @@ class Checkpoint:
     reason: str | None = None
     progress: bool = False
     """The step moved the task forward: the store's crash counter starts again."""
+    blobs: dict[str, bytes] = field(default_factory=dict)
+    """Large values the head refers to by digest (R20); stored once, whoever wrote them first."""
 
 
 @dataclass(frozen=True)
@@ -82,9 +84,10 @@ class StoredEvent:
 class Store(Protocol):
     """What tether needs from a storage backend. All methods are coroutines."""
 
-    async def create_task(self, record: TaskRecord, head: bytes, wake_at: float | None = None) -> None:
-        """Insert a task and its version-1 snapshot; with *wake_at*, no worker claims it before
-        then (a scheduled start)."""
+    async def create_task(self, record: TaskRecord, head: bytes, wake_at: float | None = None,
+                          blobs: Mapping[str, bytes] | None = None) -> None:
+        """Insert a task and its version-1 snapshot (and the large values it refers to, R20);
+        with *wake_at*, no worker claims it before then (a scheduled start)."""
 
     async def get_task(self, task_id: str) -> TaskRecord:
         """The task's index row; :class:`TaskNotFound` if there is none."""
@@ -128,6 +131,9 @@ class Store(Protocol):
 
     async def load_head(self, task_id: str, version: int | None = None) -> tuple[int, bytes]:
         """The snapshot head at *version* (default: the newest)."""
+
+    async def load_blobs(self, digests: Collection[str]) -> dict[str, bytes]:
+        """The large values stored under *digests* (R20); a digest not stored is left out."""
 
     async def list_versions(self, task_id: str) -> list[tuple[int, float, int]]:
         """Kept versions as (version, created_at, size in bytes), oldest first."""

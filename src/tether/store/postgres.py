@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Any
@@ -187,7 +187,8 @@ class PostgresStore:
 
     # ------------------------------------------------------------------ tasks
 
-    async def create_task(self, record: TaskRecord, head: bytes, wake_at: float | None = None) -> None:
+    async def create_task(self, record: TaskRecord, head: bytes, wake_at: float | None = None,
+                          blobs: Mapping[str, bytes] | None = None) -> None:
         async with self._tx() as conn:
             cur = await conn.execute(
                 "INSERT INTO tasks (task_id, agent, status, created_at, updated_at, head_version,"
@@ -200,6 +201,7 @@ class PostgresStore:
             await conn.execute(
                 "INSERT INTO snapshots (task_id, version, created_at, head) VALUES (%s, 1, %s, %s)",
                 (record.task_id, record.created_at, head))
+            await _put_blobs(conn, blobs or {}, record.created_at)
             await conn.execute("SELECT pg_notify(%s, %s)", (_CHANNEL, record.task_id))
 
     async def get_task(self, task_id: str) -> TaskRecord:
@@ -283,6 +285,7 @@ class PostgresStore:
             await conn.execute("INSERT INTO snapshots (task_id, version, created_at, head)"
                                " VALUES (%s, %s, %s, %s)", (task_id, version, now, checkpoint.head))
             failpoint("mid_checkpoint")
+            await _put_blobs(conn, checkpoint.blobs, now)
             await _write_rows(conn, task_id, checkpoint, now)
             await conn.execute(
                 "UPDATE tasks SET status = %s, updated_at = %s, head_version = %s, reason = %s,"
@@ -308,6 +311,11 @@ class PostgresStore:
             kept = [v for v, _, _ in await self.list_versions(task_id)]
             raise VersionNotFound(f"task {task_id}: version {version} is not kept (kept: {kept})")
         return int(rows[0][0]), bytes(rows[0][1])
+
+    async def load_blobs(self, digests: Collection[str]) -> dict[str, bytes]:
+        rows = await self._rows("SELECT digest, data FROM blobs WHERE digest = ANY(%s::text[])",
+                                (list(digests),))
+        return {digest: bytes(data) for digest, data in rows}
 
     async def list_versions(self, task_id: str) -> list[tuple[int, float, int]]:
         rows = await self._rows("SELECT version, created_at, length(head) FROM snapshots"
@@ -439,6 +447,15 @@ class PostgresStore:
         if self._listener is not None:
             await self._listener.close()
         await self._pool.close()
+
+
+async def _put_blobs(conn: psycopg.AsyncConnection[Any], blobs: Mapping[str, bytes],
+                     now: float) -> None:
+    if blobs:
+        async with conn.cursor() as cur:
+            await cur.executemany("INSERT INTO blobs (digest, data, created_at) VALUES (%s, %s, %s)"
+                                  " ON CONFLICT (digest) DO NOTHING",
+                                  [(digest, data, now) for digest, data in blobs.items()])
 
 
 async def _write_rows(conn: psycopg.AsyncConnection[Any], task_id: str, checkpoint: Checkpoint,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from tether.errors import ConfigurationError
@@ -99,8 +99,9 @@ class CachedStore:
         await self._put(self._key(claim.task_id, version), checkpoint.head)  # after it is durable
         return version
 
-    async def create_task(self, record: TaskRecord, head: bytes, wake_at: float | None = None) -> None:
-        await self.inner.create_task(record, head, wake_at)
+    async def create_task(self, record: TaskRecord, head: bytes, wake_at: float | None = None,
+                          blobs: Mapping[str, bytes] | None = None) -> None:
+        await self.inner.create_task(record, head, wake_at, blobs)
         await self._put(self._key(record.task_id, 1), head)
 
     async def close(self) -> None:
@@ -140,6 +141,9 @@ class CachedStore:
     async def set_status(self, claim: Claim, status: Status, reason: str | None,
                          wake_at: float | None = None) -> None:
         await self.inner.set_status(claim, status, reason, wake_at)
+
+    async def load_blobs(self, digests: Collection[str]) -> dict[str, bytes]:
+        return await self.inner.load_blobs(digests)
 
     async def list_versions(self, task_id: str) -> list[tuple[int, float, int]]:
         return await self.inner.list_versions(task_id)

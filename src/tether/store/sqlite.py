@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from importlib import resources
 from typing import Any
@@ -35,7 +35,7 @@ from tether.failpoints import failpoint
 from tether.model import EmitReceipt, Event, IdempotencyRecord, Status, TaskRecord
 from tether.store.base import Checkpoint, Claim, InboxLimits, StoredEvent
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"  # 2: the blob table (R20)
 _TASK_COLUMNS = (
     "task_id, agent, status, created_at, updated_at, head_version, reason, lease_owner, lease_until,"
     " wake_at"
@@ -115,6 +115,9 @@ class SQLiteStore:
                 "INSERT OR IGNORE INTO tether_meta (key, value) VALUES ('schema_version', ?)",
                 (SCHEMA_VERSION,),
             )
+            db.execute(  # an older store just gained the newer tables: it is this version now
+                "UPDATE tether_meta SET value = ? WHERE key = 'schema_version'"
+                " AND CAST(value AS INTEGER) < ?", (SCHEMA_VERSION, int(SCHEMA_VERSION)))
 
     def _check_schema_version(self) -> None:
         row = self._db.execute(
@@ -150,7 +153,8 @@ class SQLiteStore:
 
     # ------------------------------------------------------------------ tasks
 
-    async def create_task(self, record: TaskRecord, head: bytes, wake_at: float | None = None) -> None:
+    async def create_task(self, record: TaskRecord, head: bytes, wake_at: float | None = None,
+                          blobs: Mapping[str, bytes] | None = None) -> None:
         with self._write() as db:
             if db.execute("SELECT 1 FROM tasks WHERE task_id = ?", (record.task_id,)).fetchone():
                 raise TaskExists(f"a task with id {record.task_id!r} already exists; nothing was changed")
@@ -164,6 +168,7 @@ class SQLiteStore:
                 "INSERT INTO snapshots (task_id, version, created_at, head) VALUES (?, 1, ?, ?)",
                 (record.task_id, record.created_at, head),
             )
+            self._put_blobs(db, blobs or {}, record.created_at)
 
     async def get_task(self, task_id: str) -> TaskRecord:
         row = self._db.execute(
@@ -285,6 +290,7 @@ class SQLiteStore:
                 (task_id, version, now, checkpoint.head),
             )
             failpoint("mid_checkpoint")
+            self._put_blobs(db, checkpoint.blobs, now)
             if checkpoint.history:
                 db.executemany(
                     "INSERT INTO history (task_id, epoch, seq, entry) VALUES (?, ?, ?, ?)",
@@ -321,6 +327,19 @@ class SQLiteStore:
                     (task_id, version - keep),
                 )
         return version
+
+    @staticmethod
+    def _put_blobs(db: sqlite3.Connection, blobs: Mapping[str, bytes], now: float) -> None:
+        if blobs:
+            db.executemany("INSERT OR IGNORE INTO blobs (digest, data, created_at) VALUES (?, ?, ?)",
+                           [(digest, data, now) for digest, data in blobs.items()])
+
+    async def load_blobs(self, digests: Collection[str]) -> dict[str, bytes]:
+        wanted = list(digests)
+        rows = self._db.execute(
+            "SELECT digest, data FROM blobs WHERE digest IN (SELECT value FROM json_each(?))",
+            (orjson.dumps(wanted).decode(),)).fetchall()
+        return {digest: bytes(data) for digest, data in rows}
 
     @staticmethod
     def _settle_inbox(db: sqlite3.Connection, task_id: str, status: Status, now: float,

@@ -174,6 +174,20 @@ class TaskConformance:
         first = await store.claim("w2", now + 2 * LEASE, LEASE)
         assert first is not None and first.task_id == "orphan" and first.crashed
 
+    async def test_blobs_are_stored_once_with_the_task_or_checkpoint_that_brings_them(
+            self, store: Store) -> None:
+        """R20: large values arrive with create_task or a commit, in the same transaction, and
+        the same digest twice is one value; unknown digests are simply absent."""
+        now = time.time()
+        record = TaskRecord("t1", "echo", Status.PENDING, now, now, 1)
+        await store.create_task(record, head("t1"), blobs={"sha256:a": b"A" * 100})
+        lease = await claim(store, "t1", now)
+        await commit(store, lease, Status.RUNNING, now,
+                     blobs={"sha256:a": b"A" * 100, "sha256:b": b"B" * 200})
+        found = await store.load_blobs(["sha256:a", "sha256:b", "sha256:none"])
+        assert found == {"sha256:a": b"A" * 100, "sha256:b": b"B" * 200}
+        assert await store.load_blobs([]) == {}
+
     async def test_claim_task_unknown_raises_task_not_found(self, store: Store) -> None:
         """R13: claiming a task that does not exist raises TaskNotFound."""
         with pytest.raises(TaskNotFound, match="ghost"):

@@ -85,3 +85,10 @@ CREATE TABLE IF NOT EXISTS recovery_log (
     record   BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS recovery_by_task ON recovery_log (task_id);
+
+-- Large values (documents, images, base64) that snapshot heads refer to by digest (R20).
+CREATE TABLE IF NOT EXISTS blobs (
+    digest     TEXT PRIMARY KEY,
+    data       BLOB NOT NULL,
+    created_at REAL NOT NULL
+) WITHOUT ROWID;
