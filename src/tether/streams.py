@@ -28,6 +28,7 @@ import asyncio
 import logging
 import os
 import socket
+import time
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -43,23 +44,38 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 if TYPE_CHECKING:
     from tether.harness import Harness
+    from tether.store import Store
 
 log = logging.getLogger("tether.streams")
 DONE = frozenset({"applied", "coalesced", "ignored", "duplicate", "failed"})
 
 
-async def send(url: str, event: Event, stream: str = "tether:events") -> str:
-    """XADD *event* (for senders in Python); returns the entry id. Redis has it, tether does
-    not yet: only once a worker's ingest stored it is it durable."""
+async def send(url: str, event: Event, stream: str = "tether:events",
+               durable_in: Store | None = None, timeout: float = 10.0) -> str:
+    """XADD *event*; returns the entry id. Redis having it is not durability (it may keep
+    nothing on disk): with *durable_in* (the tether store), return only once an ingest has
+    stored the event there, and raise :class:`StoreError` if none does within *timeout*."""
     client = aioredis.from_url(url)
     try:
         fields = {"event": orjson.dumps({k: v for k, v in event.to_dict().items()
                                          if k in ("type", "task_id", "payload", "priority",
                                                   "source_event_id") and v is not None})}
-        entry = await client.xadd(stream, fields)  # type: ignore[arg-type]
-        return _text(entry)
+        entry = _text(await client.xadd(stream, fields))  # type: ignore[arg-type]
     finally:
         await client.aclose()
+    if durable_in is not None:
+        await _until_stored(durable_in, event.task_id,
+                            event.source_event_id or f"redis:{stream}:{entry}", timeout)
+    return entry
+
+
+async def _until_stored(store: Store, task_id: str, source_id: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not any(e.event.source_event_id == source_id for e in await store.list_events(task_id)):
+        if time.monotonic() > deadline:
+            raise StoreError(f"event {source_id} for task {task_id} is in Redis but no worker"
+                             f" stored it within {timeout}s; is a worker running with --events?")
+        await asyncio.sleep(0.02)
 
 
 class StreamIngest:

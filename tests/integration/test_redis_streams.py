@@ -138,3 +138,26 @@ async def test_r19_run_feeds_a_serving_worker_until_stopped(
     assert await pending_count(url, name) == 0
     await ingest.close()
     await h.close()
+
+
+async def test_r19_a_sender_can_wait_until_its_event_is_durable_in_the_store(
+        stream: tuple[str, str], tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """R19: ``send(durable_in=store)`` answers only once an ingest stored the event (Redis here
+    keeps nothing on disk), and says so clearly when no worker is ingesting."""
+    url, name = stream
+    h = approvals(f"sqlite:///{tmp_path / 's.db'}")
+    tid = await h.submit("gate")
+    with pytest.raises(tt.StoreError, match="no worker stored it"):
+        await send(url, tt.Event("approval", tid, {"n": 0}, source_event_id="a0"), stream=name,
+                   durable_in=h.store, timeout=0.3)
+    stop = asyncio.Event()
+    ingest = StreamIngest(h, url, stream=name, block=0.05)
+    feeding = asyncio.create_task(ingest.run(stop))
+    await send(url, tt.Event("approval", tid, {"n": 1}, source_event_id="a1"), stream=name,
+               durable_in=h.store)
+    ids = {e.event.source_event_id for e in await h.store.list_events(tid)}
+    assert "a1" in ids
+    stop.set()
+    await feeding
+    await ingest.close()
+    await h.close()
