@@ -110,8 +110,21 @@ class TaskView:
         return MappingProxyType(self._snapshot.signals)
 
 
+class CutOff(Exception):
+    """Raised by ``plan()`` when a P0 cancelled it mid-answer, carrying what was said so far;
+    the runner keeps that text in the dialog, marked ``cut_off`` (E1)."""
+
+    def __init__(self, partial: str) -> None:
+        super().__init__(partial)
+        self.partial = partial
+
+
 class Agent:
     """Base class for agents. Override :meth:`plan`; the other hooks are optional."""
+
+    commit_plans: bool = False
+    """Commit each planned action at once, before acting on it: for an agent whose plan
+    costs money (a model completion), so a crash never pays for the same plan twice."""
 
     name: str = ""
     version: str = "1"

@@ -18,7 +18,7 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tether import blobs, degrade, recovery, timers
-from tether.agent import Agent, TaskView
+from tether.agent import Agent, CutOff, TaskView
 from tether.errors import (
     CorruptSnapshot,
     InvalidInput,
@@ -208,7 +208,10 @@ class Runner:
                 return
             self.snap.recovery.retry_at = None
             frame.scratch = scratch
-            frame.agenda.append(self.recorded(action, self.agent_for(frame)))
+            agent = self.agent_for(frame)
+            frame.agenda.append(self.recorded(action, agent))
+            if agent.commit_plans:
+                await self.commit()  # the plan was paid for: never ask for it again
             return  # the loop drains the inbox before acting: what arrived meanwhile goes first
         action = action_from_dict(frame.agenda[0])
         failpoint("before_plan_recorded")
@@ -256,6 +259,11 @@ class Runner:
             if self._preempting and (current is None or not current.cancelling()):
                 raise Preempted from None
             raise
+        except CutOff as cut:
+            if not self._preempting:
+                raise
+            self.append_history({"role": "assistant", "content": cut.partial, "cut_off": True})
+            raise Preempted from None
         finally:
             self._cancellable = None
             self._preempting = False
