@@ -1,0 +1,23 @@
+"""The ChatAgent examples run end to end against the fake OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.parametrize(("script", "expected"), [
+    ("chat_contracts.py", "Reviewed 3 contracts: C-1 high, C-2 low, C-3 medium."),
+    ("chat_report.py", "Margin fell from 21% to 18%"),
+])
+def test_chat_example_completes_under_the_fake_model(tmp_path: Path, script: str,
+                                                     expected: str) -> None:
+    run = subprocess.run([sys.executable, str(EXAMPLES / script), "--fake", "--db",
+                          str(tmp_path / "x.db")], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("completed: ") and expected in run.stdout
