@@ -144,7 +144,7 @@ async def resolve_in_doubt(runner: Runner) -> None:
 
 async def _reconcile(runner: Runner, tool: Tool, call: CallState) -> None:
     assert tool.reconcile_fn is not None
-    ctx = ToolContext(runner.snap.task_id, tool.name, call.key, call.attempt)
+    ctx = ToolContext(runner.snap.task_id, tool.name, call.key, call.attempt, runner.claim.fence)
     try:
         found = await tool.reconcile_fn(ctx, **call.args)
     except Exception as error:  # the hook itself failing must not crash the worker

@@ -439,7 +439,7 @@ class Runner:
         return call
 
     async def invoke(self, tool: Tool, call: CallState) -> Any:
-        ctx = ToolContext(self.snap.task_id, tool.name, call.key, call.attempt)
+        ctx = ToolContext(self.snap.task_id, tool.name, call.key, call.attempt, self.claim.fence)
         work = self._with_timeout(tool, ctx, call.args)
         try:
             return await (self.cancellable(work) if tool.interruptible else work)

@@ -65,6 +65,12 @@ class ToolContext:
     tool: str
     idempotency_key: str
     attempt: int
+    fence: int = 0
+    """The lease's fencing token, larger for every worker that takes the task over (R13).
+    Fencing protects tether's store; a provider that ignores idempotency keys can protect
+    itself the same way: record the largest token seen per key (in ``reconcile`` too) and
+    refuse a call that brings a smaller one. That stops a worker paused past its lease (a
+    zombie) from acting after another worker took the call over."""
     resources: list[Resource] = field(default_factory=list)
 
     def add_resource(self, kind: str, ref: str, cleanup: str = "on_finish") -> None:

@@ -12,7 +12,10 @@ when the outside world has changed but the result has not been returned):
                         key (UNIQUE column); ``reconcile`` looks the key up.
 - ``refund_reconciled`` side_effect=True; the provider ignores keys (every call
                         pays), but stores the key as a memo, which
-                        ``reconcile`` searches.
+                        ``reconcile`` searches. It fences: a call or lookup
+                        brings the lease's token, and a call with a token
+                        smaller than one already seen is refused (so a worker
+                        paused past its lease cannot pay after a takeover).
 - ``refund_blind``      side_effect=True, no reconcile: after a crash in
                         flight nobody can say whether it paid.
 - ``lookup``            idempotent; counts its calls in the ledger.
@@ -94,6 +97,12 @@ CREATE TABLE IF NOT EXISTS refunds (
     memo TEXT,                     -- stored, never deduplicated
     pid INTEGER NOT NULL,
     at REAL NOT NULL
+);
+-- The largest lease fencing token the provider has seen per memo (refund_reconciled only):
+-- a call or lookup with a larger one makes every later call with a smaller one refused.
+CREATE TABLE IF NOT EXISTS fences (
+    memo  TEXT PRIMARY KEY,
+    fence INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS lookups (
     id INTEGER PRIMARY KEY,
@@ -265,6 +274,15 @@ def build_harness(db: str | Path, ledger: str | Path, unsafe: bool = False) -> t
             (order, amount, tool, key, memo, os.getpid(), time.time()),
         )
 
+    def fenced(memo: str, fence: int) -> None:
+        """Provider-side fencing: remember the largest token per memo, refuse a smaller one."""
+        seen = ledger_query(
+            ledger, "INSERT INTO fences (memo, fence) VALUES (?, ?) ON CONFLICT (memo) DO UPDATE"
+            " SET fence = MAX(fence, excluded.fence) RETURNING fence", (memo, fence))
+        if seen[0][0] > fence:
+            raise RuntimeError(f"provider refused {memo}: fencing token {fence} is stale"
+                               f" ({seen[0][0]} seen); another worker owns this call now")
+
     def find(column: str, key: str) -> dict[str, Any] | None:
         if os.environ.get("TETHER_CHAOS_RECONCILE_KILL") == "1":
             os.kill(os.getpid(), signal.SIGKILL)  # the provider's SDK takes the process down
@@ -294,12 +312,14 @@ def build_harness(db: str | Path, ledger: str | Path, unsafe: bool = False) -> t
     @harness.tool(side_effect=True)
     async def refund_reconciled(ctx: tt.ToolContext, order: str, amount: int) -> dict[str, Any]:
         await before_write()
+        fenced(ctx.idempotency_key, ctx.fence)
         pay("refund_reconciled", order, amount, None, ctx.idempotency_key)
         await after_write("refund_reconciled", order)
         return refund_result(order, amount)
 
     @refund_reconciled.reconcile
     async def _reconcile_memo(ctx: tt.ToolContext, order: str, amount: int) -> Any:
+        fenced(ctx.idempotency_key, ctx.fence)  # from now on, an older holder's call is refused
         return find("memo", ctx.idempotency_key)
 
     # refund_blind: pays, and nobody can ask afterwards whether it did.

@@ -2,6 +2,12 @@
 nothing but the database) run 300 tasks. One is SIGKILLed mid-run; another is frozen with
 SIGSTOP past its lease and then resumed. Every task completes, every refund is paid once,
 and the frozen worker's late writes are refused by the lease fence instead of landing.
+
+The frozen worker may wake up inside a refund whose call another worker has meanwhile
+taken over. Tether's fence cannot stop a provider call, so the reconcile-only refund
+fences at the provider (``ToolContext.fence``: a smaller token than one already seen for
+the key is refused). A run of this test once caught exactly that double payment before
+the provider fenced.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ def start_worker(pg_url: str, ledger: Path, n: int, started: list[ChildProcess])
            if k != "TETHER_FAILPOINTS" and not k.startswith("TETHER_CHAOS")}
     env.update(TETHER_CHAOS_DB=pg_url, TETHER_CHAOS_LEDGER=str(ledger), PYTHONUNBUFFERED="1",
                TETHER_CHAOS_LEASE=str(LEASE), TETHER_CHAOS_POLL="0.02",
-               TETHER_CHAOS_TOOL_DELAY="0.01", TETHER_CHAOS_DEADLINE="200")
+               TETHER_CHAOS_TOOL_DELAY="0.05", TETHER_CHAOS_DEADLINE="200")
     child = ChildProcess([sys.executable, str(HERE / "app.py"), "serve"], env, ledger.parent,
                          f"pgworker{n}", 30)
     started.append(child)
