@@ -58,7 +58,8 @@ def _open_backend(url: str | None, settings: Settings) -> Store:
     if url.startswith(("postgresql://", "postgres://")):
         from tether.store.postgres import PostgresStore  # psycopg only when asked for
 
-        return PostgresStore(url, max_size=settings.postgres_pool_size)
+        return PostgresStore(url, max_size=settings.postgres_pool_size,
+                             idle_tx_timeout=2 * settings.lease_seconds)
     scheme = url.split(":", 1)[0]
     raise StoreURLError(
         f"store URL {url!r} is not supported (scheme {scheme!r}); use sqlite:///path.db,"

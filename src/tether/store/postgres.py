@@ -96,11 +96,16 @@ def migrations() -> list[tuple[int, str, str]]:
 class PostgresStore:
     """A :class:`tether.store.base.Store` on a PostgreSQL database."""
 
-    def __init__(self, url: str, min_size: int = 1, max_size: int = 10) -> None:
+    def __init__(self, url: str, min_size: int = 1, max_size: int = 10,
+                 idle_tx_timeout: float = 30.0) -> None:
         self.url = url
         self.where = _redact(url)
+        # A worker frozen inside a transaction (GC, SIGSTOP) would hold its task's row lock, and
+        # SKIP LOCKED would keep every other worker off the task; PostgreSQL ends such a
+        # transaction after idle_tx_timeout, so the task can be taken over once its lease ends.
+        options = f"-c idle_in_transaction_session_timeout={int(idle_tx_timeout * 1000)}"
         self._pool = AsyncConnectionPool(url, min_size=min_size, max_size=max_size, open=False,
-                                         kwargs={"autocommit": True})
+                                         kwargs={"autocommit": True, "options": options})
         self._pool_open = False
         self._ready = False
         self._opening = asyncio.Lock()
