@@ -240,6 +240,38 @@ def _on_stop_signal(stop: asyncio.Event, signum: int, harness: tt.Harness) -> No
 
 
 @main.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Interface to listen on; anything but loopback must be asked for.")
+@click.option("--port", default=8700, show_default=True)
+@click.option("--tokens", envvar="TETHER_TOKENS", default="",
+              help="Bearer tokens and roles: 'tok1:operator,tok2:read' (or TETHER_TOKENS).")
+@click.option("--webhook-secrets", envvar="TETHER_WEBHOOK_SECRETS", default="",
+              help="Webhook sources and secrets: 'github:s3cret,...' (or TETHER_WEBHOOK_SECRETS).")
+@click.option("--with-worker", is_flag=True, help="Also run a worker in this process.")
+@harness_command
+async def serve(harness: tt.Harness, host: str, port: int, tokens: str, webhook_secrets: str,
+                with_worker: bool) -> None:
+    """Serve the HTTP API (and, with --with-worker, run tasks too)."""
+    import uvicorn
+
+    from tether.server import ServerConfig, create_app
+
+    config = ServerConfig.from_text(tokens, webhook_secrets)
+    if not config.tokens:
+        raise click.UsageError("give at least one token (--tokens or TETHER_TOKENS)")
+    server = uvicorn.Server(uvicorn.Config(create_app(harness, config), host=host, port=port,
+                                           log_level="warning"))
+    stop = asyncio.Event()
+    worker = asyncio.create_task(harness.serve(stop=stop)) if with_worker else None
+    try:
+        await server.serve()
+    finally:
+        stop.set()
+        if worker is not None:
+            await worker
+
+
+@main.command()
 @click.argument("agent")
 @click.option("--input", "input_json", help="The task's input as JSON.")
 @click.option("--id", "task_id", help="Choose the task id (default: generated).")

@@ -1,0 +1,155 @@
+"""The HTTP API over real HTTP on loopback, against a real SQLite store (R3, R23, R26).
+
+uvicorn serves ``tether.server.create_app`` on a free port; httpx talks to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import uvicorn
+
+import tether as tt
+from tether.server import ServerConfig, create_app, sign
+
+OPERATOR, READER, SECRET = "op-token", "read-token", "hook-secret"
+
+
+def app_harness(path: Path) -> tt.Harness:
+    h = tt.Harness(f"sqlite:///{path}", settings=tt.Settings(poll_interval=0.01, inbox_capacity=3))
+
+    @h.agent("gate")
+    class Gate(tt.Agent):
+        async def plan(self, t: tt.TaskView) -> tt.Action:
+            if t.last_event is None:
+                return tt.Reply("asking") if t.step == 0 else tt.Wait("approval")
+            return tt.Finish(t.last_event["payload"])
+
+    return h
+
+
+@pytest.fixture
+async def api(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, tt.Harness]]:
+    harness = app_harness(tmp_path / "api.db")
+    config = ServerConfig({OPERATOR: "operator", READER: "read"}, {"billing": SECRET},
+                          tolerance=300, max_body=64 * 1024)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(harness, config), host="127.0.0.1",
+                                           port=port, log_level="error"))
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+        yield client, harness
+    server.should_exit = True
+    await serving
+    await harness.close()
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def hook(body: dict[str, Any], timestamp: float | None = None, secret: str = SECRET
+         ) -> tuple[bytes, dict[str, str]]:
+    raw = orjson.dumps(body)
+    stamp = str(int(timestamp if timestamp is not None else time.time()))
+    return raw, {"X-Tether-Timestamp": stamp, "X-Tether-Signature": sign(secret, stamp, raw),
+                 "content-type": "application/json"}
+
+
+async def test_r26_tokens_read_only_cannot_mutate_and_errors_are_json(api) -> None:  # type: ignore[no-untyped-def]
+    client, _ = api
+    anonymous = await client.get("/api/tasks")
+    assert anonymous.status_code == 401 and "bearer token" in anonymous.json()["error"]
+    assert (await client.get("/api/tasks", headers=auth("wrong"))).status_code == 401
+    assert (await client.get("/api/tasks", headers=auth(READER))).status_code == 200
+    refused = await client.post("/api/tasks", json={"agent": "gate"}, headers=auth(READER))
+    assert refused.status_code == 403 and "may read" in refused.json()["error"]
+    missing = await client.get("/api/tasks/ghost", headers=auth(READER))
+    assert missing.status_code == 404 and "ghost" in missing.json()["error"]
+    unknown = await client.post("/api/tasks", json={"agent": "nobody"}, headers=auth(OPERATOR))
+    assert unknown.status_code == 422 and "nobody" in unknown.json()["error"]
+    huge = await client.post("/api/tasks", content=b"x" * 70_000, headers=auth(OPERATOR))
+    assert huge.status_code == 413 and "bytes" in huge.json()["error"]
+
+
+async def test_r02_r26_submit_read_and_steer_a_task_over_http(api) -> None:  # type: ignore[no-untyped-def]
+    client, harness = api
+    created = await client.post("/api/tasks", json={"agent": "gate", "task_id": "t1"},
+                                headers=auth(OPERATOR))
+    assert created.status_code == 201 and created.json() == {"task_id": "t1"}
+    await harness.run_until_idle(timeout=5)
+    task = (await client.get("/api/tasks/t1", headers=auth(READER))).json()
+    assert task["task"]["status"] == "waiting" and task["snapshot"]["step"] == 2
+    listed = (await client.get("/api/tasks?status=waiting", headers=auth(READER))).json()
+    assert [t["task_id"] for t in listed["tasks"]] == ["t1"] and listed["counts"] == {"waiting": 1}
+    page = (await client.get("/api/tasks/t1/history?offset=0&limit=1", headers=auth(READER))).json()
+    assert page["total"] == 1 and page["rows"][0]["content"] == "asking"
+    versions = (await client.get("/api/tasks/t1/versions", headers=auth(READER))).json()
+    assert versions[-1]["version"] == task["version"]
+
+    sent = await client.post("/api/tasks/t1/events", json={"type": "approval", "payload": "ok"},
+                             headers=auth(OPERATOR))
+    assert sent.status_code == 202 and sent.json()["outcome"] == "stored"
+    await harness.run_until_idle(timeout=5)
+    done = (await client.get("/api/tasks/t1", headers=auth(READER))).json()
+    assert done["task"]["status"] == "completed" and done["snapshot"]["result"] == "ok"
+    rolled = await client.post("/api/tasks/t1/rollback", json={"version": versions[0]["version"]},
+                               headers=auth(OPERATOR))
+    assert rolled.status_code == 202 and rolled.json()["version"] > done["version"]
+    log = (await client.get("/api/tasks/t1/recovery", headers=auth(READER))).json()
+    assert "rollback" in [r["resume_strategy"] for r in log]
+    cancelled = await client.post("/api/tasks/t1/cancel", headers=auth(OPERATOR))
+    assert cancelled.json()["status"] == "cancelled"
+    bundle = (await client.get("/api/tasks/t1/bundle", headers=auth(READER))).json()
+    assert bundle["task"]["task_id"] == "t1"
+
+
+async def test_r03_r06_signed_webhooks_are_durable_deduplicated_and_replay_proof(api) -> None:  # type: ignore[no-untyped-def]
+    client, harness = api
+    await harness.submit("gate", task_id="t1")
+    body, headers = hook({"id": "evt-1", "type": "approval", "task_id": "t1", "payload": "yes"})
+    first = await client.post("/hooks/billing", content=body, headers=headers)
+    assert first.status_code == 202 and first.json()["outcome"] == "stored"
+    stored = await harness.store.list_events("t1")  # durable before the 202
+    assert [(e.event.type, e.event.source_event_id) for e in stored] == [("approval", "billing:evt-1")]
+    again = await client.post("/hooks/billing", content=body, headers=headers)
+    assert again.status_code == 202 and again.json()["outcome"] == "duplicate"
+    assert len(await harness.store.list_events("t1")) == 1
+
+    bad_sig = dict(headers, **{"X-Tether-Signature": "sha256=" + "0" * 64})
+    assert (await client.post("/hooks/billing", content=body, headers=bad_sig)).status_code == 401
+    old_body, old_headers = hook({"id": "evt-2", "type": "approval", "task_id": "t1"},
+                                 timestamp=time.time() - 3600)
+    replay = await client.post("/hooks/billing", content=old_body, headers=old_headers)
+    assert replay.status_code == 401 and "replay" in replay.json()["error"]
+    assert (await client.post("/hooks/nobody", content=body, headers=headers)).status_code == 404
+    junk, junk_headers = hook({"type": "approval"})
+    rejected = await client.post("/hooks/billing", content=junk, headers=junk_headers)
+    assert rejected.status_code == 422 and "task_id" in rejected.json()["error"]
+    assert len(await harness.store.list_events("t1")) == 1  # nothing else got in
+
+
+async def test_r07_a_full_inbox_answers_429_with_retry_after(api) -> None:  # type: ignore[no-untyped-def]
+    client, harness = api
+    await harness.submit("gate", task_id="t1")
+    codes = []
+    for n in range(5):
+        body, headers = hook({"id": f"p{n}", "type": "webhook_progress", "task_id": "t1"})
+        harness.protocol._rules["webhook_progress"] = tt.Rule(tt.Priority.P3)
+        answer = await client.post("/hooks/billing", content=body, headers=headers)
+        codes.append(answer.status_code)
+        if answer.status_code == 429:
+            assert answer.headers["retry-after"] == "1" and "inbox" in answer.json()["error"]
+    assert codes[:3] == [202, 202, 202] and 429 in codes[3:]
