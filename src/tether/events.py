@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import copy
 import time
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from tether import degrade, recovery, timers
-from tether.errors import InvalidInput, TaskNotFound, TetherError
+from tether.errors import InboxFull, InvalidInput, TaskNotFound, TetherError
 from tether.model import (
     EmitReceipt,
     Event,
@@ -43,10 +44,12 @@ REOPENS = {
 class Inbox:
     """The sending side: validate, classify and durably store events."""
 
-    def __init__(self, store: Store, protocol: InterruptionProtocol, settings: Settings) -> None:
+    def __init__(self, store: Store, protocol: InterruptionProtocol, settings: Settings,
+                 counters: Counter[str] | None = None) -> None:
         self.store = store
         self.protocol = protocol
         self.settings = settings
+        self.counters: Counter[str] = counters if counters is not None else Counter()
 
     async def emit(self, event: Event) -> tuple[EmitReceipt, Priority]:
         """Store *event*; returns only once it is durable (or refused with an error)."""
@@ -67,7 +70,13 @@ class Inbox:
             wakes_needs_human=event.type in CONTROL_EVENTS,
             reopens=REOPENS.get(event.type, frozenset()),
         )
-        receipt = await self.store.add_event(event, int(rule.priority), limits, time.time())
+        try:
+            receipt = await self.store.add_event(event, int(rule.priority), limits, time.time())
+        except InboxFull:
+            self.counters["events_refused"] += 1
+            raise
+        self.counters[f"events_{receipt.outcome}"] += 1
+        self.counters["events_coalesced"] += receipt.coalesced
         return receipt, rule.priority
 
 

@@ -12,6 +12,7 @@ import inspect
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +76,9 @@ class Harness:
         self.tools: dict[str, Tool] = {}
         self.resource_kinds = ResourceKinds()
         self.runners: dict[str, Runner] = {}
+        self.counters: Counter[str] = Counter()
+        """What this process did (steps, recoveries by strategy, events by outcome): the
+        counters behind ``/metrics``."""
         self.degraded: dict[str, Any] | None = None
         """Worker-wide degradation: every task this harness runs follows its fallback (R3)."""
         self.log = logging.getLogger("tether")
@@ -90,7 +94,7 @@ class Harness:
 
     @property
     def inbox(self) -> Inbox:
-        return Inbox(self.store, self.protocol, self.settings)
+        return Inbox(self.store, self.protocol, self.settings, self.counters)
 
     # ------------------------------------------------------------------ registration
 

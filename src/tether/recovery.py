@@ -336,6 +336,7 @@ async def _next_recovery(runner: Runner, fingerprint: str, failure: str) -> floa
 def progress_made(runner: Runner) -> None:
     """A step succeeded: the recovery budget is per resume point, so it starts afresh."""
     runner.mark_progress()
+    runner.harness.counters["steps"] += 1
     rec = runner.snap.recovery
     if rec.attempts or rec.fingerprints:
         rec.attempts = 0

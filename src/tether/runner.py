@@ -518,6 +518,7 @@ class Runner:
     def log_recovery(self, strategy: str, event_id: int | None = None, detail: str = "") -> None:
         record = recovery.log_record(self, strategy, event_id, detail)
         self._log.append(record)
+        self.harness.counters[f"recovery:{strategy}"] += 1
 
     def forget_uncommitted(self) -> None:
         """A rollback replaced the state: events applied since the last commit go back to the

@@ -44,6 +44,8 @@ from tether.model import EmitReceipt, Event, Status
 try:
     from fastapi import Depends, FastAPI, Header, Query, Request
     from fastapi.responses import JSONResponse, Response
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
     from pydantic import BaseModel, Field, ValidationError
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ConfigurationError("the HTTP API needs FastAPI: pip install 'tether[server]'") from exc
@@ -174,6 +176,13 @@ def create_app(harness: Harness, config: ServerConfig) -> FastAPI:
     async def bundle(task_id: str) -> dict[str, Any]:
         return await harness.export(task_id)
 
+    @app.get("/metrics", dependencies=[reader])
+    async def metrics() -> Response:
+        """Prometheus text format: this process's counters, and the store's gauges."""
+        body = render_metrics(harness.counters, await harness.store.count_by_status(),
+                              await harness.store.count_pending_events())
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
     @app.post("/api/tasks", status_code=201, dependencies=[operator])
     async def submit(body: NewTask) -> dict[str, str]:
         task_id = await harness.submit(body.agent, body.input, task_id=body.task_id,
@@ -279,6 +288,37 @@ def _install_guards(app: FastAPI, config: ServerConfig) -> None:
     async def unexpected(_: Request, exc: Exception) -> Response:
         log.error("unexpected error serving a request", exc_info=exc)
         return _json(500, "internal error; see the server's log")
+
+
+def render_metrics(counters: Mapping[str, int], tasks: Mapping[str, int], pending: int) -> bytes:
+    """Counters and gauges in the Prometheus exposition format."""
+    by_status = GaugeMetricFamily("tether_tasks", "Tasks in the store by status", labels=["status"])
+    for status in Status:
+        by_status.add_metric([status.value], tasks.get(status.value, 0))
+    steps = CounterMetricFamily("tether_steps", "Steps this process carried out")
+    steps.add_metric([], counters.get("steps", 0))
+    recoveries = CounterMetricFamily("tether_recoveries", "Recovery actions by strategy (R23)",
+                                     labels=["strategy"])
+    events = CounterMetricFamily("tether_events", "Events sent through this process, by outcome",
+                                 labels=["outcome"])
+    for key, value in sorted(counters.items()):
+        if key.startswith("recovery:"):
+            recoveries.add_metric([key.removeprefix("recovery:")], value)
+    for outcome in ("stored", "duplicate", "coalesced", "refused"):
+        events.add_metric([outcome], counters.get(f"events_{outcome}", 0))
+    depth = GaugeMetricFamily("tether_inbox_depth", "Events stored and not yet applied")
+    depth.add_metric([], pending)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families([by_status, steps, recoveries, events, depth]))
+    return generate_latest(registry)
+
+
+class _Families:
+    def __init__(self, families: list[Any]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Any]:
+        return self.families
 
 
 def _json(status: int, message: str, headers: dict[str, str] | None = None) -> Response:

@@ -153,3 +153,23 @@ async def test_r07_a_full_inbox_answers_429_with_retry_after(api) -> None:  # ty
         if answer.status_code == 429:
             assert answer.headers["retry-after"] == "1" and "inbox" in answer.json()["error"]
     assert codes[:3] == [202, 202, 202] and 429 in codes[3:]
+
+
+async def test_r23_metrics_count_steps_recoveries_events_and_the_inbox(api) -> None:  # type: ignore[no-untyped-def]
+    client, harness = api
+    assert (await client.get("/metrics")).status_code == 401
+    await harness.submit("gate", task_id="t1")
+    await harness.submit("gate", task_id="t2")
+    await harness.run_until_idle(timeout=5)
+    body, headers = hook({"id": "e1", "type": "approval", "task_id": "t1", "payload": 1})
+    await client.post("/hooks/billing", content=body, headers=headers)
+    await client.post("/hooks/billing", content=body, headers=headers)  # a duplicate
+    text = (await client.get("/metrics", headers=auth(READER))).text
+    assert 'tether_tasks{status="waiting"} 2.0' in text
+    assert "tether_inbox_depth 1.0" in text
+    assert 'tether_events_total{outcome="stored"} 1.0' in text
+    assert 'tether_events_total{outcome="duplicate"} 1.0' in text
+    assert "tether_steps_total 4.0" in text  # two Replies, two Waits
+    await harness.run_until_idle(timeout=5)
+    text = (await client.get("/metrics", headers=auth(READER))).text
+    assert 'tether_tasks{status="completed"} 1.0' in text and "tether_inbox_depth 0.0" in text

@@ -150,6 +150,9 @@ class Store(Protocol):
     async def pending_events(self, task_id: str) -> list[StoredEvent]:
         """Events not yet applied, most urgent first."""
 
+    async def count_pending_events(self) -> int:
+        """Events stored but not yet applied, over all tasks (the inbox depth)."""
+
     async def list_events(self, task_id: str) -> list[StoredEvent]:
         """Every event ever stored for the task, oldest first."""
 

@@ -397,6 +397,10 @@ class PostgresStore:
         return await self._events("WHERE task_id = %s AND status = 'pending'"
                                   " ORDER BY priority, id", (task_id,))
 
+    async def count_pending_events(self) -> int:
+        rows = await self._rows("SELECT COUNT(*) FROM events WHERE status = 'pending'")
+        return int(rows[0][0])
+
     async def list_events(self, task_id: str) -> list[StoredEvent]:
         return await self._events("WHERE task_id = %s ORDER BY id", (task_id,))
 

@@ -160,6 +160,9 @@ class CachedStore:
     async def pending_events(self, task_id: str) -> list[StoredEvent]:
         return await self.inner.pending_events(task_id)
 
+    async def count_pending_events(self) -> int:
+        return await self.inner.count_pending_events()
+
     async def list_events(self, task_id: str) -> list[StoredEvent]:
         return await self.inner.list_events(task_id)
 

@@ -494,6 +494,10 @@ class SQLiteStore:
             "WHERE task_id = ? AND status = 'pending' ORDER BY priority, id", (task_id,)
         )
 
+    async def count_pending_events(self) -> int:
+        return int(self._db.execute("SELECT COUNT(*) FROM events WHERE status = 'pending'")
+                   .fetchone()[0])
+
     async def list_events(self, task_id: str) -> list[StoredEvent]:
         return self._events("WHERE task_id = ? ORDER BY id", (task_id,))
 

@@ -27,6 +27,16 @@ from tether.store.conformance.helpers import (
 class InboxConformance:
     """Events, idempotency, recovery log. Needs a ``store`` fixture."""
 
+    async def test_count_pending_events_is_the_inbox_depth_over_all_tasks(
+            self, store: Store) -> None:
+        """R7, R23: stored and not yet applied, over every task (the /metrics inbox depth)."""
+        await make_task(store, "a")
+        await make_task(store, "b")
+        assert await store.count_pending_events() == 0
+        await store.add_event(event("a"), 1, limits(), time.time())
+        await store.add_event(event("b"), 1, limits(), time.time())
+        assert await store.count_pending_events() == 2
+
     async def test_add_event_stores_it_durably(self, store: Store) -> None:
         """R3, R19: an accepted event is stored with its type, payload, priority and source id."""
         now = time.time()
