@@ -32,6 +32,7 @@ from tether.resources import ResourceKind, ResourceKinds
 from tether.runner import Runner
 from tether.settings import Settings
 from tether.store import Store, open_store
+from tether.telemetry import Telemetry
 from tether.timers import Moment, due_time
 from tether.tools import RetryPolicy, Tool, ToolFn
 from tether.worker import Worker, new_worker_id, run_claimed
@@ -62,6 +63,7 @@ class Harness:
         bundle_dir: str | Path | None = None,
         worker_id: str | None = None,
         cache: str | None = None,
+        tracer_provider: Any = None,
     ) -> None:
         self.settings = settings or Settings()
         self._cache_arg = cache if cache is not None else os.environ.get("TETHER_CACHE")
@@ -76,6 +78,8 @@ class Harness:
         self.tools: dict[str, Tool] = {}
         self.resource_kinds = ResourceKinds()
         self.runners: dict[str, Runner] = {}
+        self.telemetry = Telemetry(tracer_provider)
+        """Traces, if an OpenTelemetry tracer provider was given (never the global one)."""
         self.counters: Counter[str] = Counter()
         """What this process did (steps, recoveries by strategy, events by outcome): the
         counters behind ``/metrics``."""

@@ -36,7 +36,14 @@ def _v3_to_v4(raw: Raw) -> Raw:
     return raw
 
 
-MIGRATIONS: dict[int, Callable[[Raw], Raw]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
+def _v4_to_v5(raw: Raw) -> Raw:
+    """Format 5 remembers the span of the task's latest run (OpenTelemetry links)."""
+    raw.setdefault("trace", None)
+    return raw
+
+
+MIGRATIONS: dict[int, Callable[[Raw], Raw]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4,
+                                               4: _v4_to_v5}
 """Format N -> N+1."""
 
 

@@ -22,7 +22,7 @@ import orjson
 from tether.errors import CorruptSnapshot, IllegalTransition, InvalidInput, SnapshotTooNew
 from tether.migrations import upgrade
 
-SNAPSHOT_FORMAT = 4
+SNAPSHOT_FORMAT = 5
 """Bumped whenever the head's layout changes; stored in every snapshot. Older heads are
 upgraded on load by :mod:`tether.migrations`."""
 
@@ -322,6 +322,9 @@ class Snapshot:
     """The ``degrade`` event in force for this task, until a ``recover`` event (R3)."""
     worker_degraded: dict[str, Any] | None = None
     """The worker-wide degradation last recorded in this task's dialog."""
+    trace: dict[str, str] | None = None
+    """The OpenTelemetry span of the task's latest run, so the next run (in any process)
+    links to it."""
     format: int = SNAPSHOT_FORMAT
 
     @property

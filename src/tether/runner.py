@@ -182,10 +182,17 @@ class Runner:
         degrade.follow_worker(self)
         for stored in await self.store.pending_events(self.snap.task_id):
             if stored.event.id not in self.applied:
-                await apply_event(self, stored)
+                with self.harness.telemetry.span("tether.event", **{
+                        "tether.event_id": stored.event.id, "tether.event_type": stored.event.type,
+                        "tether.priority": stored.priority}):
+                    await apply_event(self, stored)
 
     async def step(self) -> None:
         """Carry out the frame's next recorded action, planning one first if there is none."""
+        with self.harness.telemetry.span("tether.step", **{"tether.step": self.snap.step}):
+            await self._step()
+
+    async def _step(self) -> None:
         frame = self.snap.frame
         if self.snap.call is None and frame.agenda and "open_call" in frame.agenda[0]:
             self.snap.call = CallState(**frame.agenda[0].pop("open_call"))
@@ -223,7 +230,8 @@ class Runner:
     async def plan(self) -> tuple[Action, dict[str, Any]]:
         scratch = copy.deepcopy(self.snap.frame.scratch)
         agent = self.agent_for(self.snap.frame)
-        action = await self.cancellable(agent.plan(self.view(scratch)))
+        with self.harness.telemetry.span("tether.plan", **{"tether.agent": agent.name}):
+            action = await self.cancellable(agent.plan(self.view(scratch)))
         if isinstance(action, Replan):
             raise InvalidInput(f"agent {agent.name!r}: plan() returned Replan, which only"
                                " on_event may return")
@@ -442,7 +450,9 @@ class Runner:
         ctx = ToolContext(self.snap.task_id, tool.name, call.key, call.attempt, self.claim.fence)
         work = self._with_timeout(tool, ctx, call.args)
         try:
-            return await (self.cancellable(work) if tool.interruptible else work)
+            with self.harness.telemetry.span("tether.tool", **{
+                    "tether.tool": tool.name, "tether.key": call.key, "tether.attempt": call.attempt}):
+                return await (self.cancellable(work) if tool.interruptible else work)
         finally:
             self.snap.resources.extend(ctx.resources)  # also from failed attempts: cleaned up too
 
@@ -519,6 +529,7 @@ class Runner:
         record = recovery.log_record(self, strategy, event_id, detail)
         self._log.append(record)
         self.harness.counters[f"recovery:{strategy}"] += 1
+        self.harness.telemetry.recovery(record)
 
     def forget_uncommitted(self) -> None:
         """A rollback replaced the state: events applied since the last commit go back to the

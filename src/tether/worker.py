@@ -166,8 +166,12 @@ async def run_claimed(harness: Harness, claim: Claim, steps: bool = True) -> Sta
         await store.set_status(claim, Status.NEEDS_HUMAN, str(error))
         return await _hand_over(harness, claim, Status.NEEDS_HUMAN)
     harness.runners[claim.task_id] = runner
+    run = harness.telemetry.task_run(
+        runner.snap, **{"tether.task_id": claim.task_id, "tether.version": runner.version,
+                        "tether.worker": harness.worker_id, "tether.crashed": claim.crashed})
     try:
-        status = await _drive(runner, steps)
+        with run:
+            status = await _drive(runner, steps)
     except asyncio.CancelledError:
         if runner.safe_to_release():  # cut off by the drain timeout: hand over, no crash
             with contextlib.suppress(Exception):
