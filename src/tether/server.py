@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 import orjson
 
+from tether.console import install_console
 from tether.errors import (
     ConfigurationError,
     IllegalTransition,
@@ -131,6 +132,8 @@ def create_app(harness: Harness, config: ServerConfig) -> FastAPI:
     _install_guards(app, config)
     auth = _Auth(config)
     reader, operator = Depends(auth.require("read")), Depends(auth.require("operator"))
+
+    install_console(app, harness, config.tokens)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -173,3 +173,31 @@ async def test_r23_metrics_count_steps_recoveries_events_and_the_inbox(api) -> N
     await harness.run_until_idle(timeout=5)
     text = (await client.get("/metrics", headers=auth(READER))).text
     assert 'tether_tasks{status="completed"} 1.0' in text and "tether_inbox_depth 0.0" in text
+
+
+async def test_r26_the_console_lists_shows_and_steers_tasks_for_an_operator(api) -> None:  # type: ignore[no-untyped-def]
+    client, harness = api
+    await harness.submit("gate", task_id="t1")
+    await harness.run_until_idle(timeout=5)
+    assert "Sign in" in (await client.get("/console")).text
+    bad = await client.post("/console/login", data={"token": "nope"})
+    assert bad.status_code == 303 and "not+valid" in bad.headers["location"]
+    signed = await client.post("/console/login", data={"token": READER})
+    assert signed.status_code == 303 and "tether_token" in signed.headers["set-cookie"]
+    listing = await client.get("/console")
+    assert "t1" in listing.text and "waiting" in listing.text
+    page = await client.get("/console/tasks/t1")
+    assert "Timeline" in page.text and "asking" in page.text
+    refused = await client.post("/console/tasks/t1/cancel")
+    assert "Only%20an%20operator" in refused.headers["location"]
+    assert (await harness.store.get_task("t1")).status is tt.Status.WAITING
+
+    await client.post("/console/login", data={"token": OPERATOR})
+    versions = await harness.store.list_versions("t1")
+    diff = await client.get(f"/console/tasks/t1/diff?a={versions[0][0]}&b={versions[-1][0]}")
+    assert diff.status_code == 200 and "+++ version" in diff.text
+    done = await client.post("/console/tasks/t1/cancel")
+    assert done.status_code == 303 and "cancel%20sent" in done.headers["location"]
+    assert (await harness.store.get_task("t1")).status is tt.Status.CANCELLED
+    bundle = await client.get("/console/tasks/t1/bundle")
+    assert bundle.json()["task"]["status"] == "cancelled"
