@@ -248,9 +248,10 @@ def _on_stop_signal(stop: asyncio.Event, signum: int, harness: tt.Harness) -> No
 @click.option("--webhook-secrets", envvar="TETHER_WEBHOOK_SECRETS", default="",
               help="Webhook sources and secrets: 'github:s3cret,...' (or TETHER_WEBHOOK_SECRETS).")
 @click.option("--with-worker", is_flag=True, help="Also run a worker in this process.")
+@click.option("--concurrency", default=4, show_default=True, help="Tasks that worker runs at once.")
 @harness_command
 async def serve(harness: tt.Harness, host: str, port: int, tokens: str, webhook_secrets: str,
-                with_worker: bool) -> None:
+                with_worker: bool, concurrency: int) -> None:
     """Serve the HTTP API (and, with --with-worker, run tasks too)."""
     import uvicorn
 
@@ -262,7 +263,7 @@ async def serve(harness: tt.Harness, host: str, port: int, tokens: str, webhook_
     server = uvicorn.Server(uvicorn.Config(create_app(harness, config), host=host, port=port,
                                            log_level="warning"))
     stop = asyncio.Event()
-    worker = asyncio.create_task(harness.serve(stop=stop)) if with_worker else None
+    worker = asyncio.create_task(harness.serve(concurrency, stop=stop)) if with_worker else None
     try:
         await server.serve()
     finally:

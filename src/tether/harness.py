@@ -80,6 +80,9 @@ class Harness:
         self.runners: dict[str, Runner] = {}
         self.telemetry = Telemetry(tracer_provider)
         """Traces, if an OpenTelemetry tracer provider was given (never the global one)."""
+        self.work_arrived = asyncio.Event()
+        """Set when this process stores a task or an event, so its own idle worker looks at
+        once instead of at the next poll (other processes learn it from the store)."""
         self.counters: Counter[str] = Counter()
         """What this process did (steps, recoveries by strategy, events by outcome): the
         counters behind ``/metrics``."""
@@ -172,6 +175,7 @@ class Harness:
         record = TaskRecord(task_id, agent, Status.PENDING, now, now, 1)
         head, large = blobs.layered(snap.dumps(), self.settings.blob_threshold)
         await self.store.create_task(record, head, wake_at=start, blobs=large)
+        self.work_arrived.set()
         return task_id
 
     async def emit(self, event: Event) -> EmitReceipt:
@@ -180,6 +184,8 @@ class Harness:
         runner = self.runners.get(event.task_id)
         if runner is not None and receipt.accepted:
             runner.notify(int(priority))
+        elif receipt.accepted:
+            self.work_arrived.set()
         return receipt
 
     async def resume(self, task_id: str, message: str | None = None,

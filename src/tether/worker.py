@@ -76,8 +76,10 @@ class Worker:
         the worker is told to stop."""
         interval = self.harness.settings.poll_interval
         waiters: set[asyncio.Future[object]] = set(self.active.values())  # type: ignore[arg-type]
+        self.harness.work_arrived.clear()
         helpers: list[asyncio.Future[Any]] = [
-            asyncio.ensure_future(self.harness.store.wait_for_work(interval))]
+            asyncio.ensure_future(self.harness.store.wait_for_work(interval)),
+            asyncio.ensure_future(self.harness.work_arrived.wait())]
         if stop:
             helpers.append(asyncio.ensure_future(stop.wait()))
         waiters.update(helpers)
