@@ -44,10 +44,12 @@ from tether.model import EmitReceipt, Event, Status
 
 try:
     from fastapi import Depends, FastAPI, Header, Query, Request
+    from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, Response
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
     from pydantic import BaseModel, Field, ValidationError
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ConfigurationError("the HTTP API needs FastAPI: pip install 'tether[server]'") from exc
 
@@ -276,10 +278,16 @@ def _install_guards(app: FastAPI, config: ServerConfig) -> None:
         return _json(exc.status, str(exc), exc.headers)
 
     @app.exception_handler(ValidationError)
-    async def invalid_body(_: Request, exc: ValidationError) -> Response:
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, exc: ValidationError | RequestValidationError
+                              ) -> Response:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}"
                              for e in exc.errors())
-        return _json(422, f"the body is not what this endpoint takes: {problems}")
+        return _json(422, f"the request is not what this endpoint takes: {problems}")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_exception(_: Request, exc: StarletteHTTPException) -> Response:
+        return _json(exc.status_code, str(exc.detail))
 
     @app.exception_handler(TetherError)
     async def tether_error(_: Request, exc: TetherError) -> Response:
