@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import queue
 import signal
+import sqlite3
 import subprocess
 import threading
 import time
@@ -76,6 +77,27 @@ class ChildProcess:
                                  f"{self.stderr()}") from None
         self._stderr.close()
         return code
+
+    def stop_outside_write_lock(self, database: Path) -> None:
+        """SIGSTOP this child at a moment it holds no write lock on the SQLite *database*.
+
+        A process frozen inside a SQLite write transaction (a lease renewal, a claim, a
+        ledger write) blocks every other process's writes until it is woken: the tests
+        that freeze a worker mean to freeze its *work*, not the file everyone shares.
+        """
+        for _ in range(500):
+            self.signal(signal.SIGSTOP)
+            probe = sqlite3.connect(database, timeout=0.2, isolation_level=None)
+            try:
+                probe.execute("BEGIN IMMEDIATE")
+                probe.execute("ROLLBACK")
+                return
+            except sqlite3.OperationalError:
+                self.signal(signal.SIGCONT)
+                time.sleep(0.005)
+            finally:
+                probe.close()
+        raise AssertionError(f"{self.label}: could not stop it outside a write to {database}")
 
     def kill(self) -> int:
         """SIGKILL the child (waking it first if it was stopped) and reap it."""

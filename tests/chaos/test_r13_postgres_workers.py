@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sqlite3
 import sys
 import time
 from collections import Counter
@@ -60,28 +59,6 @@ def start_worker(pg_url: str, ledger: Path, n: int, started: list[ChildProcess])
     return child
 
 
-def freeze_outside_the_ledger(worker: ChildProcess, ledger: Path) -> None:
-    """SIGSTOP *worker* at a moment it does not hold the provider ledger's write lock.
-
-    The ledger is one SQLite file shared by every worker; a worker frozen inside a ledger
-    write would stall the others' refunds behind it (a test artefact: real providers do not
-    share a lock with their clients), and then nobody could take its tasks over.
-    """
-    for _ in range(200):
-        worker.signal(signal.SIGSTOP)
-        conn = sqlite3.connect(ledger, timeout=0.2, isolation_level=None)
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute("ROLLBACK")
-            return
-        except sqlite3.OperationalError:
-            worker.signal(signal.SIGCONT)
-            time.sleep(0.01)
-        finally:
-            conn.close()
-    raise AssertionError("could not freeze the worker outside a ledger write")
-
-
 def counts(pg_url: str, ledger: Path) -> dict[str, int]:
     async def go() -> dict[str, int]:
         async with app.build_harness(pg_url, ledger) as h:
@@ -104,7 +81,10 @@ def test_r13_three_workers_one_killed_one_frozen_past_its_lease_every_task_once(
     while counts(pg_url, ledger).get("completed", 0) < TASKS // 5:
         time.sleep(0.05)
     assert killed.kill() == -signal.SIGKILL
-    freeze_outside_the_ledger(frozen, ledger)
+    # frozen at a moment it is not writing to the shared ledger file: a worker frozen inside
+    # a ledger write would stall the others' refunds (a test artefact: real providers do not
+    # share a lock with their clients), and then nobody could take its tasks over
+    frozen.stop_outside_write_lock(ledger)
     time.sleep(4 * LEASE)  # past its lease and PostgreSQL's idle-in-transaction timeout (2x)
     frozen.signal(signal.SIGCONT)
     end = time.monotonic() + 180

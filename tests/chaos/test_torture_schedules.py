@@ -452,7 +452,7 @@ class Run:
             emitter.gate.touch()
         if inc.kind == "stall":
             child.expect("IN_TOOL")
-            child.signal(signal.SIGSTOP)
+            child.stop_outside_write_lock(self.db)
             for _, index in emits:
                 self.emit(index)
             return "stalled"
