@@ -271,6 +271,8 @@ def _install_guards(app: FastAPI, config: ServerConfig) -> None:
         declared = request.headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > config.max_body):
             return _json(413, f"request body over {config.max_body} bytes")
+        if declared is None and "chunked" in request.headers.get("transfer-encoding", ""):
+            return _json(411, "send a Content-Length: bodies of unknown size are not accepted")
         return await call_next(request)
 
     @app.exception_handler(_HTTPError)

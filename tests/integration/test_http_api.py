@@ -83,6 +83,13 @@ async def test_r26_tokens_read_only_cannot_mutate_and_errors_are_json(api) -> No
     huge = await client.post("/api/tasks", content=b"x" * 70_000, headers=auth(OPERATOR))
     assert huge.status_code == 413 and "bytes" in huge.json()["error"]
 
+    async def stream() -> AsyncIterator[bytes]:
+        for _ in range(100):
+            yield b"x" * 1000
+
+    chunked = await client.post("/api/tasks", content=stream(), headers=auth(OPERATOR))
+    assert chunked.status_code == 411 and "Content-Length" in chunked.json()["error"]
+
 
 async def test_r02_r26_submit_read_and_steer_a_task_over_http(api) -> None:  # type: ignore[no-untyped-def]
     client, harness = api
