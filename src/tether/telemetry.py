@@ -9,7 +9,7 @@ never touches the global one. Each run of a task by a worker is one trace:
 - ``tether.step`` for each step, with ``tether.plan`` (the model call) and ``tether.tool``
   (tool, idempotency key, attempt) inside;
 - ``tether.event`` for each event applied (id, type, priority);
-- a span event ``recovery`` for every recovery record (strategy, attempt, event id).
+- ``tether.recovery`` for every recovery record (strategy, attempt, event id).
 
 Without a provider every call here is a no-op costing one attribute check.
 """
@@ -60,14 +60,16 @@ class Telemetry:
             yield
 
     def recovery(self, record: dict[str, Any]) -> None:
+        """One recovery action: a span of its own, inside the step or event that took it."""
         if self.tracer is None:
             return
-        from opentelemetry import trace
-
-        trace.get_current_span().add_event("recovery", _clean({
-            "tether.strategy": record.get("resume_strategy"),
-            "tether.attempt": record.get("recovery_attempt"),
-            "tether.event_id": record.get("event_id")}))
+        with self.tracer.start_as_current_span("tether.recovery", attributes=_clean({
+                "tether.task_id": record.get("task_id"),
+                "tether.version": record.get("checkpoint_version"),
+                "tether.strategy": record.get("resume_strategy"),
+                "tether.attempt": record.get("recovery_attempt"),
+                "tether.event_id": record.get("event_id")})):
+            pass
 
 
 def _clean(attributes: dict[str, Any]) -> dict[str, Any]:

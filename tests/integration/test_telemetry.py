@@ -62,12 +62,14 @@ async def test_r23_a_run_is_a_trace_of_steps_plans_tools_and_events_linked_acros
     await second.close()
 
 
-async def test_r23_recoveries_are_span_events_with_their_strategy(tmp_path: Path) -> None:
+async def test_r23_recoveries_are_spans_with_their_strategy(tmp_path: Path) -> None:
     h, spans = traced(tmp_path / "t.db")
     tid = await h.submit("asker")
     await h.run_until_idle(timeout=5)
     versions = await h.store.list_versions(tid)
     await h.rollback(tid, versions[0][0])
-    recoveries = [e for s in spans.get_finished_spans() for e in s.events if e.name == "recovery"]
-    assert "rollback" in [e.attributes["tether.strategy"] for e in recoveries]
+    recoveries = [s for s in spans.get_finished_spans() if s.name == "tether.recovery"]
+    assert "rollback" in [s.attributes["tether.strategy"] for s in recoveries]
+    rollback = next(s for s in recoveries if s.attributes["tether.strategy"] == "rollback")
+    assert rollback.attributes["tether.task_id"] == tid and "tether.event_id" in rollback.attributes
     await h.close()
