@@ -93,13 +93,15 @@ async def test_r26_a_person_resumes_a_parked_task_and_rolls_one_back_in_the_cons
         await page.screenshot(path=str(img / "console-tasks.png"))
 
         await row.locator("a").click()
+        await page.wait_for_url(f"{base}/console/tasks/invoice-acme")
         await page.fill("input[name=message]", "checked with the gateway: not sent, send it")
-        await page.click("text=Resume")
+        async with page.expect_navigation():  # the form posts, then redirects back
+            await page.click("text=Resume")
         for _ in range(100):
-            await page.reload()
             if await page.locator("#status").inner_text() == "completed":
                 break
             await asyncio.sleep(0.1)
+            await page.goto(f"{base}/console/tasks/invoice-acme")
         assert await page.locator("#status").inner_text() == "completed"
         assert "invoice sent to ACME" in await page.content()
         await page.screenshot(path=str(img / "console-task.png"), full_page=True)
@@ -107,7 +109,8 @@ async def test_r26_a_person_resumes_a_parked_task_and_rolls_one_back_in_the_cons
         before = int(await page.locator("#version").inner_text())
         first = (await harness.store.list_versions(parked))[0][0]
         await page.select_option("select[name=version]", str(first))
-        await page.click("text=Roll back")
+        async with page.expect_navigation():
+            await page.click("text=Roll back")
         await page.locator(".flash", has_text="rollback sent").wait_for()
         after = int(await page.locator("#version").inner_text())
         assert after > before
