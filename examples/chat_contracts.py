@@ -10,10 +10,10 @@ again with the same --db: it carries on from its last step without repeating a p
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import contextlib
 from collections.abc import Iterator
+
+from _chat_example import main, run_task
 
 import tether as tt
 from tether.agents import ChatAgent
@@ -61,27 +61,10 @@ def fake_model() -> Iterator[dict[str, str]]:
 
 async def review(db: str, model: dict[str, str]) -> None:
     async with build(db, **model) as harness:
-        task_id = "contract-batch"
-        with contextlib.suppress(tt.TaskExists):  # a second run carries the same task on
-            await harness.submit("reviewer", f"Review contracts {sorted(CONTRACTS)}",
-                                 task_id=task_id)
-        await harness.run_until_idle(timeout=600)
-        info = await harness.get(task_id)
-        print(f"{info.record.status.value}: {info.snapshot.result}")
+        await run_task(harness, "reviewer", f"Review contracts {sorted(CONTRACTS)}",
+                       "contract-batch")
         print(f"flags: {flags}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fake", action="store_true", help="use the scripted fake model")
-    parser.add_argument("--db", default=":memory:")
-    args = parser.parse_args()
-    if args.fake:
-        with fake_model() as model:
-            asyncio.run(review(args.db, model))
-    else:
-        asyncio.run(review(args.db, {}))
-
-
 if __name__ == "__main__":
-    main()
+    main(__doc__ or "", review, fake_model)

@@ -10,10 +10,10 @@ relevant, never the task's snapshot.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import contextlib
 from collections.abc import Iterator
+
+from _chat_example import main, run_task
 
 import tether as tt
 from tether.agents import ChatAgent, SQLiteMemory
@@ -49,26 +49,8 @@ def fake_model() -> Iterator[dict[str, str]]:
 async def analyse(db: str, model: dict[str, str]) -> None:
     harness = await build(db, **model)
     async with harness:
-        task_id = "report-FY25"
-        with contextlib.suppress(tt.TaskExists):
-            await harness.submit("analyst", "Analyse the FY25 report against FY24.",
-                                 task_id=task_id)
-        await harness.run_until_idle(timeout=600)
-        info = await harness.get(task_id)
-        print(f"{info.record.status.value}: {info.snapshot.result}")
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fake", action="store_true", help="use the scripted fake model")
-    parser.add_argument("--db", default=":memory:")
-    args = parser.parse_args()
-    if args.fake:
-        with fake_model() as model:
-            asyncio.run(analyse(args.db, model))
-    else:
-        asyncio.run(analyse(args.db, {}))
+        await run_task(harness, "analyst", "Analyse the FY25 report against FY24.", "report-FY25")
 
 
 if __name__ == "__main__":
-    main()
+    main(__doc__ or "", analyse, fake_model)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
 import orjson
@@ -18,6 +17,7 @@ import orjson
 from tether.errors import TetherError
 from tether.harness import Harness
 from tether.model import Status
+from tether.timers import local_time
 
 try:
     from fastapi import FastAPI, Form, Request
@@ -44,7 +44,7 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, str]) -
 
     def page(name: str, request: Request, **context: Any) -> HTMLResponse:
         html = _templates.get_template(name).render(
-            worker=harness.worker_id, when=_when, flash=request.query_params.get("flash"),
+            worker=harness.worker_id, when=local_time, flash=request.query_params.get("flash"),
             flash_error=request.query_params.get("error") == "1", **context)
         return HTMLResponse(html)
 
@@ -137,10 +137,6 @@ def _back(task_id: str, message: str, error: bool = False) -> Response:
 
     suffix = "&error=1" if error else ""
     return RedirectResponse(f"/console/tasks/{task_id}?flash={quote(message)}{suffix}", 303)
-
-
-def _when(at: float) -> str:
-    return datetime.fromtimestamp(at).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _describe(row: Mapping[str, Any]) -> str:

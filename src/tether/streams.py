@@ -167,12 +167,12 @@ class StreamIngest:
 
     async def acknowledge_applied(self) -> int:
         """XACK every ingested entry whose event the task's loop is done with."""
-        done = []
-        for entry_id, (task_id, event_id) in list(self.waiting.items()):
-            events = await self.harness.store.list_events(task_id)
-            status = next((e.status for e in events if e.event.id == event_id), "missing")
-            if status in DONE or status == "missing":
-                done.append(entry_id)
+        status: dict[int, str] = {}
+        for task_id in {task for task, _ in self.waiting.values()}:  # one read per task
+            status.update((e.event.id or 0, e.status)
+                          for e in await self.harness.store.list_events(task_id))
+        done = [entry_id for entry_id, (_, event_id) in self.waiting.items()
+                if status.get(event_id, "missing") in DONE | {"missing"}]
         if done:
             await self.redis.xack(self.stream, self.group, *done)
             for entry_id in done:

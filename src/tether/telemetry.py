@@ -30,13 +30,12 @@ class Telemetry:
     def __init__(self, tracer_provider: Any = None) -> None:
         self.tracer = tracer_provider.get_tracer("tether") if tracer_provider is not None else None
 
-    @contextlib.contextmanager
-    def span(self, name: str, **attributes: Any) -> Iterator[Any]:
+    def span(self, name: str, **attributes: Any) -> contextlib.AbstractContextManager[Any]:
+        """A span; without a tracer, one shared do-nothing context (this is on the step path)."""
         if self.tracer is None:
-            yield None
-            return
-        with self.tracer.start_as_current_span(name, attributes=_clean(attributes)) as span:
-            yield span
+            return _NO_SPAN
+        return self.tracer.start_as_current_span(  # type: ignore[no-any-return]
+            name, attributes=_clean(attributes))
 
     @contextlib.contextmanager
     def task_run(self, snap: Snapshot, **attributes: Any) -> Iterator[None]:
@@ -70,6 +69,9 @@ class Telemetry:
                 "tether.attempt": record.get("recovery_attempt"),
                 "tether.event_id": record.get("event_id")})):
             pass
+
+
+_NO_SPAN = contextlib.nullcontext()
 
 
 def _clean(attributes: dict[str, Any]) -> dict[str, Any]:

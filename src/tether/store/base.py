@@ -71,6 +71,27 @@ class InboxLimits:
     """Finished statuses this event may still reach (a resume of a failed task, a rollback)."""
 
 
+def statuses_woken(priority: int, limits: InboxLimits) -> list[str]:
+    """The task statuses a newly stored event makes due at once. P0-P2 wake a parked or
+    backing-off task; P3/P4 only update state (R4); levers also reach what they may reopen."""
+    woken = ["waiting", "paused", "running"] if priority <= 2 else []
+    woken += [status.value for status in limits.reopens]
+    if limits.wakes_needs_human:
+        woken.append("needs_human")
+    return woken
+
+
+def stranded_wake(status: Status, wake_at: float | None, now: float) -> str | None:
+    """After a commit (or status change) leaves a task in *status*: the SQL condition on its
+    pending events that makes it due at once, because they arrived after the runner's last
+    look; None when nothing can be stranded (a running task that is not backing off)."""
+    if status is Status.RUNNING and (wake_at is None or wake_at <= now):
+        return None
+    if status in (Status.WAITING, Status.PAUSED, Status.RUNNING):
+        return "(priority <= 2 OR control)"
+    return "control"
+
+
 @dataclass(frozen=True)
 class StoredEvent:
     """An event as the store holds it."""

@@ -43,7 +43,14 @@ from tether.errors import (
 )
 from tether.failpoints import failpoint
 from tether.model import EmitReceipt, Event, IdempotencyRecord, Status, TaskRecord
-from tether.store.base import Checkpoint, Claim, InboxLimits, StoredEvent
+from tether.store.base import (
+    Checkpoint,
+    Claim,
+    InboxLimits,
+    StoredEvent,
+    statuses_woken,
+    stranded_wake,
+)
 
 try:
     import psycopg
@@ -383,10 +390,7 @@ class PostgresStore:
                 f"UPDATE events SET status = 'coalesced', done_at = %s WHERE task_id = %s"
                 f" AND id <> %s AND {supersedes}", (now, event.task_id, event_id, *superseding))
             coalesced = cur.rowcount
-            wakeable = ["waiting", "paused", "running"] if priority <= 2 else []
-            wakeable += [s.value for s in limits.reopens]
-            if limits.wakes_needs_human:
-                wakeable.append("needs_human")
+            wakeable = statuses_woken(priority, limits)
             if wakeable:
                 await conn.execute("UPDATE tasks SET wake_at = %s WHERE task_id = %s"
                                    " AND status = ANY(%s)", (now, event.task_id, wakeable))
@@ -498,14 +502,13 @@ async def _write_rows(conn: psycopg.AsyncConnection[Any], task_id: str, checkpoi
 async def _settle_inbox(conn: psycopg.AsyncConnection[Any], task_id: str, status: Status,
                         now: float, wake_at: float | None) -> None:
     """As in the SQLite store: events that came after the runner's last look are not stranded."""
-    if status is Status.RUNNING and (wake_at is None or wake_at <= now):
+    wakes = stranded_wake(status, wake_at, now)
+    if wakes is None:
         return
     if status in (Status.COMPLETED, Status.CANCELLED):
         await conn.execute("UPDATE events SET status = 'ignored', done_at = %s WHERE task_id = %s"
                            " AND status = 'pending' AND NOT (control AND %s = 'completed')",
                            (now, task_id, status.value))
-    wakes = "(priority <= 2 OR control)" \
-        if status in (Status.WAITING, Status.PAUSED, Status.RUNNING) else "control"
     cur = await conn.execute(f"SELECT 1 FROM events WHERE task_id = %s AND status = 'pending'"
                              f" AND {wakes} LIMIT 1", (task_id,))
     if await cur.fetchone():

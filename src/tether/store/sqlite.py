@@ -33,7 +33,14 @@ from tether.errors import (
 )
 from tether.failpoints import failpoint
 from tether.model import EmitReceipt, Event, IdempotencyRecord, Status, TaskRecord
-from tether.store.base import Checkpoint, Claim, InboxLimits, StoredEvent
+from tether.store.base import (
+    Checkpoint,
+    Claim,
+    InboxLimits,
+    StoredEvent,
+    statuses_woken,
+    stranded_wake,
+)
 
 SCHEMA_VERSION = "2"  # 2: the blob table (R20)
 _TASK_COLUMNS = (
@@ -350,7 +357,8 @@ class SQLiteStore:
         parked until a back-off ends); a finished one marks the events it can never apply as
         ignored (levers that may reopen it, like rollback, stay pending).
         """
-        if status is Status.RUNNING and (wake_at is None or wake_at <= now):
+        wakes = stranded_wake(status, wake_at, now)
+        if wakes is None:
             return
         if status in (Status.COMPLETED, Status.CANCELLED):
             db.execute(
@@ -358,8 +366,6 @@ class SQLiteStore:
                 " AND status = 'pending' AND NOT (control AND ? = 'completed')",
                 (now, task_id, status.value),
             )
-        wakes = "(priority <= 2 OR control)" \
-            if status in (Status.WAITING, Status.PAUSED, Status.RUNNING) else "control"
         if db.execute(
             f"SELECT 1 FROM events WHERE task_id = ? AND status = 'pending' AND {wakes} LIMIT 1",
             (task_id,),
@@ -456,10 +462,7 @@ class SQLiteStore:
                 (now, event.task_id, event_id, *superseding),
             ).rowcount
             # P3/P4 only update state: they never wake a parked task (R4).
-            wakeable = ["waiting", "paused", "running"] if priority <= 2 else []
-            wakeable += [s.value for s in limits.reopens]
-            if limits.wakes_needs_human:
-                wakeable.append("needs_human")
+            wakeable = statuses_woken(priority, limits)
             if not wakeable:
                 return EmitReceipt(True, int(event_id), "stored", coalesced)
             db.execute(
