@@ -207,7 +207,7 @@ class Runner:
             return
         if not frame.agenda:
             try:
-                action, scratch = await self.plan()
+                planned, scratch = await self.plan()
             except Preempted:
                 return
             except Exception as error:  # a model call may fail in any way: bounded recovery
@@ -215,9 +215,8 @@ class Runner:
                 return
             self.snap.recovery.retry_at = None
             frame.scratch = scratch
-            agent = self.agent_for(frame)
-            frame.agenda.append(self.recorded(action, agent))
-            if agent.commit_plans:
+            frame.agenda.append(planned)
+            if self.agent_for(frame).commit_plans:
                 await self.commit()  # the plan was paid for: never ask for it again
             return  # the loop drains the inbox before acting: what arrived meanwhile goes first
         action = action_from_dict(frame.agenda[0])
@@ -227,7 +226,8 @@ class Runner:
         else:
             await self.carry_out(action)
 
-    async def plan(self) -> tuple[Action, dict[str, Any]]:
+    async def plan(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The agent's next action, as the agenda records it, and the agent's new scratch."""
         scratch = copy.deepcopy(self.snap.frame.scratch)
         agent = self.agent_for(self.snap.frame)
         with self.harness.telemetry.span("tether.plan", **{"tether.agent": agent.name}):
@@ -235,8 +235,7 @@ class Runner:
         if isinstance(action, Replan):
             raise InvalidInput(f"agent {agent.name!r}: plan() returned Replan, which only"
                                " on_event may return")
-        action_to_dict(action)
-        return action, scratch
+        return self.recorded(action, agent), scratch
 
     @staticmethod
     def recorded(action: Action, agent: Agent) -> dict[str, Any]:
@@ -459,6 +458,8 @@ class Runner:
     @staticmethod
     async def _with_timeout(tool: Tool, ctx: ToolContext, args: dict[str, Any]) -> Any:
         try:
+            if tool.timeout is None:  # most tools: no timer to arm on every call
+                return await tool.fn(ctx, **args)
             async with asyncio.timeout(tool.timeout):
                 return await tool.fn(ctx, **args)
         except TimeoutError:

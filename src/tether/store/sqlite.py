@@ -42,7 +42,7 @@ from tether.store.base import (
     stranded_wake,
 )
 
-SCHEMA_VERSION = "2"  # 2: the blob table (R20)
+SCHEMA_VERSION = "3"  # 2: the blob table (R20); 3: snapshots and history as rowid tables
 _TASK_COLUMNS = (
     "task_id, agent, status, created_at, updated_at, head_version, reason, lease_owner, lease_until,"
     " wake_at"
@@ -82,6 +82,10 @@ _OPEN_END = 1 << 62
 _FINISHED = ("completed", "failed", "cancelled")
 
 
+def _sql(name: str) -> str:
+    return resources.files("tether.store").joinpath(f"sql/{name}").read_text()
+
+
 class SQLiteStore:
     """A :class:`tether.store.base.Store` on one SQLite database file (or ``:memory:``)."""
 
@@ -115,8 +119,8 @@ class SQLiteStore:
             self._check_schema_version()
 
     def _create_schema(self) -> None:
-        schema = resources.files("tether.store").joinpath("sql/sqlite_schema.sql").read_text()
-        self._db.executescript(schema)
+        self._upgrade_layout()
+        self._db.executescript(_sql("sqlite_schema.sql"))
         with self._write() as db:
             db.execute(
                 "INSERT OR IGNORE INTO tether_meta (key, value) VALUES ('schema_version', ?)",
@@ -125,6 +129,20 @@ class SQLiteStore:
             db.execute(  # an older store just gained the newer tables: it is this version now
                 "UPDATE tether_meta SET value = ? WHERE key = 'schema_version'"
                 " AND CAST(value AS INTEGER) < ?", (SCHEMA_VERSION, int(SCHEMA_VERSION)))
+
+    def _upgrade_layout(self) -> None:
+        """Rebuild the tables a schema-2 store kept WITHOUT ROWID (see the script's header)."""
+        layouts = dict(self._db.execute(
+            "SELECT name, sql FROM sqlite_master WHERE type = 'table'"
+            " AND name IN ('snapshots', 'history')").fetchall())
+        if any("WITHOUT ROWID" in sql.upper() for sql in layouts.values()):
+            try:
+                self._db.executescript(_sql("sqlite_v3_rowid_tables.sql"))
+            except sqlite3.Error as exc:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise StoreError(f"could not upgrade SQLite store {self.path!r} to schema 3:"
+                                 f" {exc}; it was left as it was") from exc
 
     def _check_schema_version(self) -> None:
         row = self._db.execute(
@@ -243,9 +261,11 @@ class SQLiteStore:
         ).fetchone()
         return Claim(task_id, int(fence), crashed=crashed, crashes=int(crashes))
 
-    def _check_fence(self, db: sqlite3.Connection, claim: Claim) -> int:
+    def _check_fence(self, db: sqlite3.Connection, claim: Claim) -> tuple[Any, ...]:
+        """The task's row (head_version, status, wake_at, lease_until), if *claim* still holds."""
         row = db.execute(
-            "SELECT fence, head_version FROM tasks WHERE task_id = ?", (claim.task_id,)
+            "SELECT fence, head_version, status, wake_at, lease_until FROM tasks"
+            " WHERE task_id = ?", (claim.task_id,)
         ).fetchone()
         if row is None:
             raise TaskNotFound(f"no task {claim.task_id!r} in store {self.path}")
@@ -254,7 +274,7 @@ class SQLiteStore:
                 f"task {claim.task_id}: lease fence {claim.fence} is stale (now {row[0]});"
                 " another worker took the task over, so this write was refused"
             )
-        return int(row[1])
+        return tuple(row[1:])
 
     async def renew(self, claim: Claim, until: float) -> None:
         with self._write() as db:
@@ -288,14 +308,11 @@ class SQLiteStore:
         now = time.time()
         task_id = claim.task_id
         with self._write() as db:
-            head = self._check_fence(db, claim)
+            head, *current = self._check_fence(db, claim)
             newest = db.execute("SELECT MAX(version) FROM snapshots WHERE task_id = ?",
                                 (task_id,)).fetchone()[0]
-            version = max(head, newest or 0) + 1  # never reuse a number, even after tampering
-            db.execute(
-                "INSERT INTO snapshots (task_id, version, created_at, head) VALUES (?, ?, ?, ?)",
-                (task_id, version, now, checkpoint.head),
-            )
+            version = max(int(head), newest or 0) + 1  # never reuse a number, even after tampering
+            self._put_head(db, task_id, version, keep, checkpoint.head, now)
             failpoint("mid_checkpoint")
             self._put_blobs(db, checkpoint.blobs, now)
             if checkpoint.history:
@@ -311,8 +328,12 @@ class SQLiteStore:
                 )
             if checkpoint.idempotency:
                 db.executemany(
-                    "INSERT OR REPLACE INTO idempotency (key, task_id, tool, args_hash, status,"
-                    " result, error, attempts, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO idempotency (key, task_id, tool, args_hash, status, result,"
+                    " error, attempts, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (key) DO UPDATE SET tool = excluded.tool,"  # in place: no
+                    " args_hash = excluded.args_hash, status = excluded.status,"  # index churn
+                    " result = excluded.result, error = excluded.error,"
+                    " attempts = excluded.attempts, updated_at = excluded.updated_at",
                     [(r.key, r.task_id, r.tool, r.args_hash, r.status, orjson.dumps(r.result),
                       r.error, r.attempts, now) for r in checkpoint.idempotency],
                 )
@@ -321,19 +342,52 @@ class SQLiteStore:
                     "INSERT INTO recovery_log (task_id, at, record) VALUES (?, ?, ?)",
                     [(task_id, now, orjson.dumps(r)) for r in checkpoint.recovery_log],
                 )
-            db.execute(
-                "UPDATE tasks SET status = ?, updated_at = ?, head_version = ?, reason = ?,"
-                " wake_at = ?, lease_until = ?, crashes = crashes * ? WHERE task_id = ?",
-                (checkpoint.status.value, now, version, checkpoint.reason, checkpoint.wake_at,
-                 lease_until, int(not checkpoint.progress), task_id),
-            )
+            self._update_task(db, task_id, version, checkpoint, current, (now, lease_until))
             self._settle_inbox(db, task_id, checkpoint.status, now, checkpoint.wake_at)
-            if version > keep:
-                db.execute(
-                    "DELETE FROM snapshots WHERE task_id = ? AND version <= ?",
-                    (task_id, version - keep),
-                )
         return version
+
+    @staticmethod
+    def _put_head(db: sqlite3.Connection, task_id: str, version: int, keep: int, head: bytes,
+                  now: float) -> None:
+        """Store the new head in the row of the oldest version that falls out of the kept ones.
+
+        Rewriting a row in place dirties its page and one index page; inserting and deleting
+        a ~2 KB row each time also split, freed and reallocated pages, twice the WAL frames
+        to fsync per step. Versions beyond *keep* left over (keep was lowered) are dropped.
+        """
+        reused = db.execute(
+            "UPDATE snapshots SET version = ?, created_at = ?, head = ? WHERE rowid = ("
+            " SELECT rowid FROM snapshots WHERE task_id = ? AND version <= ? ORDER BY version"
+            " LIMIT 1)", (version, now, head, task_id, version - keep)).rowcount
+        if reused == 0:
+            db.execute(
+                "INSERT INTO snapshots (task_id, version, created_at, head) VALUES (?, ?, ?, ?)",
+                (task_id, version, now, head))
+        if version > keep:
+            db.execute("DELETE FROM snapshots WHERE task_id = ? AND version <= ?",
+                       (task_id, version - keep))
+
+    @staticmethod
+    def _update_task(db: sqlite3.Connection, task_id: str, version: int, checkpoint: Checkpoint,
+                     current: list[Any], times: tuple[float, float]) -> None:
+        """Point the task at its new head, touching the indexed columns only when they change.
+
+        Setting an indexed column rewrites its index page even to the same value, and every
+        page is one more WAL frame to fsync on each step. The lease is carried forward only
+        once a third of it has passed (the lease keeper renews it on that schedule anyway).
+        """
+        status, wake_at, held_until = current
+        now, lease_until = times
+        columns = {"updated_at": now, "head_version": version, "reason": checkpoint.reason}
+        if checkpoint.status.value != status:
+            columns["status"] = checkpoint.status.value
+        if checkpoint.wake_at != wake_at:
+            columns["wake_at"] = checkpoint.wake_at
+        if held_until is None or held_until < lease_until - (lease_until - now) / 3:
+            columns["lease_until"] = lease_until
+        assignments = ", ".join(f"{name} = ?" for name in columns)
+        db.execute(f"UPDATE tasks SET {assignments}, crashes = crashes * ? WHERE task_id = ?",
+                   (*columns.values(), int(not checkpoint.progress), task_id))
 
     @staticmethod
     def _put_blobs(db: sqlite3.Connection, blobs: Mapping[str, bytes], now: float) -> None:

@@ -34,7 +34,7 @@ CREATE TABLE IF NOT EXISTS snapshots (
     created_at REAL NOT NULL,
     head       BLOB NOT NULL,
     PRIMARY KEY (task_id, version)
-) WITHOUT ROWID;
+);
 
 -- The dialog, append-only. A rollback starts a new epoch instead of rewriting rows.
 CREATE TABLE IF NOT EXISTS history (
@@ -43,7 +43,7 @@ CREATE TABLE IF NOT EXISTS history (
     seq        INTEGER NOT NULL,
     entry      BLOB NOT NULL,
     PRIMARY KEY (task_id, epoch, seq)
-) WITHOUT ROWID;
+);
 
 -- The event inbox. Processed rows stay: they are the durable dedup memory.
 CREATE TABLE IF NOT EXISTS events (

@@ -1,0 +1,333 @@
+"""Turn the figures of one ``compare.py`` run into ``docs/benchmarks.md`` and its plot."""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+import sqlite3
+import statistics
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+LABELS = {
+    "bare": "bare loop, no durability",
+    "floor-1": "raw SQLite floor, 1 commit/step",
+    "floor-2": "raw SQLite floor, 2 commits/step",
+    "tether-memory": "tether, in-memory store",
+    "tether-sqlite": "tether, SQLite (default)",
+    "tether-sqlite-synced": "tether, SQLite fully synced",
+    "langgraph-memory": "LangGraph InMemorySaver",
+    "langgraph-sqlite": "LangGraph SqliteSaver",
+    "dbos-sqlite": "DBOS Transact, SQLite",
+    "tether-postgres": "tether, PostgreSQL",
+    "langgraph-postgres": "LangGraph PostgresSaver",
+    "dbos-postgres": "DBOS Transact, PostgreSQL",
+}
+PACKAGES = ("tether", "langgraph", "langgraph-checkpoint", "langgraph-checkpoint-sqlite",
+            "langgraph-checkpoint-postgres", "langchain-core", "dbos", "SQLAlchemy", "psycopg",
+            "orjson", "matplotlib")
+
+
+@dataclass
+class Context:
+    sizes: list[int]
+    rounds: int
+    postgres_skipped: str | None
+    smoke: bool
+    date: dt.datetime
+    seconds: float
+    command: str
+    plot: str
+
+
+def failed(value: Any) -> bool:
+    return isinstance(value, Exception)
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def step_stats(results: dict[str, Any]) -> dict[str, dict[int, dict[str, float] | str]]:
+    """Median and p99 of each system's step, and both over the bare loop's, in ms."""
+    bare = results["steps"]["bare"]
+    table: dict[str, dict[int, dict[str, float] | str]] = {}
+    for system, by_size in results["steps"].items():
+        table[system] = {}
+        for size, seconds in by_size.items():
+            if failed(seconds) or not seconds or failed(bare[size]):
+                table[system][size] = f"did not run: {seconds}" if failed(seconds) else "no data"
+                continue
+            median, p99 = statistics.median(seconds) * 1e3, percentile(seconds, 0.99) * 1e3
+            table[system][size] = {
+                "median": median, "p99": p99,
+                "over_median": median - statistics.median(bare[size]) * 1e3,
+                "over_p99": p99 - percentile(bare[size], 0.99) * 1e3}
+    return table
+
+
+def overhead(stats: dict[str, Any], system: str, size: int) -> float | None:
+    cell = stats.get(system, {}).get(size)
+    return cell["over_median"] if isinstance(cell, dict) else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def fmt(value: float | None, digits: int = 3) -> str:
+    return "n/a" if value is None else f"{value:,.{digits}f}"
+
+
+# ---------------------------------------------------------------------------- targets
+
+
+def targets(results: dict[str, Any], stats: dict[str, Any], ctx: Context) -> list[list[str]]:
+    """Each target of the issue: what was asked, what this run measured, met or not."""
+    big = ctx.sizes[-1]
+    rows = []
+
+    def add(name: str, asked: str, value: float | None, shown: str, met: bool | None) -> None:
+        verdict = "n/a" if value is None or met is None else ("met" if met else "**missed**")
+        rows.append([name, asked, shown, verdict])
+
+    for size in ctx.sizes:
+        r = ratio(overhead(stats, "tether-sqlite", size), overhead(stats, "langgraph-sqlite", size))
+        add(f"overhead vs SqliteSaver, S={size}", "≤ 0.25x", r, f"{fmt(r, 3)}x",
+            None if r is None else r <= 0.25)
+    for ours, floor in (("tether-sqlite", "floor-1"), ("tether-sqlite-synced", "floor-2")):
+        r = ratio(overhead(stats, ours, big), overhead(stats, floor, big))
+        add(f"{LABELS[ours]} vs {LABELS[floor]}, S={big}", "≤ 1.3x", r, f"{fmt(r, 2)}x",
+            None if r is None else r <= 1.3)
+    growth = byte_growth(results["bytes"].get("tether-sqlite"))
+    add("tether SQLite bytes/step, last steps vs step 10", "≤ 1.2x", growth, f"{fmt(growth, 2)}x",
+        None if growth is None else growth <= 1.2)
+    preempt = results["preempt"]
+    p99 = None if failed(preempt) else preempt["p99_ms"]
+    add("P0 preemption p99, one process", "< 5 ms", p99, f"{fmt(p99, 2)} ms",
+        None if p99 is None else p99 < 5)
+    recover = results["recover"]
+    took = None if failed(recover) else recover["all_back_in_call_s"]
+    add(f"{fmt(None if failed(recover) else recover['tasks'], 0)} interrupted tasks recovered",
+        "< 1 s", took, f"{fmt(took, 2)} s", None if took is None else took < 1)
+    resume = results["resume"].get("tether-sqlite")
+    ms = None if resume is None or failed(resume) else resume * 1e3
+    add(f"one {big}-step task resumed", "< 20 ms", ms, f"{fmt(ms, 1)} ms",
+        None if ms is None else ms < 20)
+    return rows
+
+
+def byte_growth(found: Any) -> float | None:
+    if found is None or failed(found) or len(found["bytes_at"]) < 2:
+        return None
+    marks = sorted(found["bytes_at"], key=int)
+    first, last = found["bytes_at"][marks[0]], found["bytes_at"][marks[-1]]
+    return last / first if first else None
+
+
+# ---------------------------------------------------------------------------- markdown
+
+
+def table(head: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def versions() -> list[list[str]]:
+    rows = [["Python", platform.python_version()], ["SQLite (library)", sqlite3.sqlite_version]]
+    for name in PACKAGES:
+        try:
+            rows.append([name, metadata.version(name)])
+        except metadata.PackageNotFoundError:
+            rows.append([name, "not installed"])
+    return rows
+
+
+def machine() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in
+                Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
+               platform.processor() or "unknown CPU")
+    cores = sum(1 for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("processor"))
+    memory = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                  if line.startswith("MemTotal"))
+    return (f"{cpu}, {cores} cores, {memory / 1024 / 1024:.0f} GiB RAM, Linux"
+            f" {platform.release()} ({platform.machine()})")
+
+
+def step_table(stats: dict[str, Any], ctx: Context) -> str:
+    head = ["system"] + [f"S={s}: median / p99 ms per step" for s in ctx.sizes] + [
+        f"overhead over bare, S={ctx.sizes[-1]}: median / p99 ms",
+        f"x tether SQLite overhead, S={ctx.sizes[-1]}"]
+    ours = overhead(stats, "tether-sqlite", ctx.sizes[-1])
+    rows = []
+    for system, by_size in stats.items():
+        cells = [LABELS[system]]
+        for size in ctx.sizes:
+            cell = by_size.get(size)
+            cells.append(f"{cell['median']:.3f} / {cell['p99']:.3f}" if isinstance(cell, dict)
+                         else str(cell))
+        cell = by_size.get(ctx.sizes[-1])
+        cells.append(f"{cell['over_median']:.3f} / {cell['over_p99']:.3f}"
+                     if isinstance(cell, dict) else "")
+        mine = overhead(stats, system, ctx.sizes[-1])
+        cells.append(fmt(ratio(mine, ours), 2) if system != "bare" else "")
+        rows.append(cells)
+    return table(head, rows)
+
+
+def bytes_table(results: dict[str, Any], ctx: Context) -> str:
+    rows = []
+    for system, found in results["bytes"].items():
+        if failed(found):
+            rows.append([LABELS[system], f"did not run: {found}", "", "", "", ""])
+            continue
+        marks = sorted(found["bytes_at"], key=int)
+        cells = [f"{found['bytes_at'][m]:,.0f}" for m in marks]
+        cells += [""] * (3 - len(cells))
+        rows.append([LABELS[system], *cells, f"{fmt(byte_growth(found), 2)}x",
+                     f"{found['store_bytes'] / 1e6:,.2f} MB"])
+    return table(["system", "from step 10", "from step 100", f"last steps of {ctx.sizes[-1]}",
+                  "growth", f"store size after {ctx.sizes[-1]} steps"], rows)
+
+
+def figure_lines(results: dict[str, Any], ctx: Context) -> list[str]:
+    out = []
+    resume = results["resume"]
+    out += ["### 3. Recovery after a restart", ""]
+    recover = results["recover"]
+    if failed(recover):
+        out.append(f"Recovering many tasks did not run: {recover}")
+    else:
+        out.append(
+            f"{recover['tasks']:,} tasks, each inside a call, their worker SIGKILLed: a new"
+            f" process (64 tasks at a time) had every one of them claimed, loaded and back in"
+            f" its call **{recover['all_back_in_call_s']:.2f} s** after it started, and all of"
+            f" them finished after {recover['all_finished_s']:.2f} s.")
+    out += ["", f"One task of {ctx.sizes[-1]:,} steps, its process SIGKILLed inside the next"
+            " call; from the new process opening its store (imports done) until that call runs"
+            " again:", ""]
+    out.append(table(["system", "resume"], [
+        [LABELS[s], f"did not run: {v}" if failed(v) else f"{v * 1e3:,.1f} ms"]
+        for s, v in resume.items()]))
+    preempt = results["preempt"]
+    out += ["", "### 4. P0 preemption latency", ""]
+    out.append(f"did not run: {preempt}" if failed(preempt) else (
+        f"Over {preempt['trials']:,} trials, from `emit(user_interrupt)` to the in-flight call"
+        f" cancelled and the paused checkpoint committed (SQLite, FULL):"
+        f" p50 **{preempt['p50_ms']:.2f} ms**, p99 **{preempt['p99_ms']:.2f} ms**,"
+        f" max {preempt['max_ms']:.2f} ms."))
+    ingest = results["ingest"]
+    out += ["", "### 5. Event ingestion into one task's inbox", ""]
+    out.append(f"did not run: {ingest}" if failed(ingest) else table(
+        ["events sent (each durable before the next)", "events/s", "pending after"],
+        [[f"{ingest['events']:,} `progress` (P3, coalescing)",
+          f"{ingest['coalescing']['events_per_s']:,.0f}",
+          f"{ingest['coalescing']['pending_after']:,}"],
+         [f"{ingest['events']:,} `user_message` (P1, never coalesced)",
+          f"{ingest['distinct']['events_per_s']:,.0f}",
+          f"{ingest['distinct']['pending_after']:,}"]]))
+    idle = results["idle"]
+    out += ["", "### 6. Memory per idle waiting task", ""]
+    out.append(f"did not run: {idle}" if failed(idle) else (
+        f"{idle['tasks']:,} tasks waiting for an approval in one process: RSS"
+        f" {idle['rss_before_mib']:.1f} → {idle['rss_after_mib']:.1f} MiB,"
+        f" **{idle['rss_bytes_per_task']:,.0f} bytes per task** (SQLite's page cache included);"
+        f" Python heap {idle['heap_bytes_per_task']:,.0f} bytes per task (tracemalloc)."))
+    workers = results["workers"]
+    out += ["", "### 7. PostgreSQL: tasks x steps per second by workers", ""]
+    if workers is None:
+        out.append(f"PostgreSQL was not reachable: {ctx.postgres_skipped}")
+    elif failed(workers):
+        out.append(f"did not run: {workers}")
+    else:
+        out.append(table(["`tether worker` processes", "tasks x steps / s"],
+                         [[str(n), f"{rate:,.0f}"] for n, rate in workers.items()]))
+    return out
+
+
+def markdown(results: dict[str, Any], ctx: Context) -> str:
+    stats = step_stats(results)
+    lines = [
+        "# Benchmarks: tether beside LangGraph and DBOS",
+        "",
+        f"Generated by `{ctx.command}` on {ctx.date:%Y-%m-%d %H:%M} UTC in"
+        f" {ctx.seconds / 60:.1f} min. Do not edit by hand: run it again."
+        + (" **Smoke run: tiny sizes, the figures mean nothing.**" if ctx.smoke else ""),
+        "",
+        f"Machine: {machine()}. Every figure below comes from this one run; the machine is"
+        " shared, so read ratios, not absolute times.",
+        "",
+        "The workload (`bench/workload.py`): an agent of S steps, each a tool call planned by a"
+        " fake local model, with a 200-byte argument and a 500-byte result appended to the"
+        " dialog. Each system runs it in its own idiom (`bench/systems.py`), each run in its"
+        f" own process, {ctx.rounds} interleaved rounds pooled. A step is timed from one tool"
+        " call to the next. SQLite stores use WAL and synchronous=FULL (LangGraph's saver and"
+        " DBOS as shipped; tether's default); LangGraph checkpoints with `durability=\"sync\"`"
+        " (each super-step durable before the next starts, as tether's resume point is).",
+        "",
+        "## Targets",
+        "",
+        table(["target", "asked", "this run", ""], targets(results, stats, ctx)),
+        "",
+        "## Figures",
+        "",
+        "### 1. Durable overhead per step",
+        "",
+        step_table(stats, ctx),
+        "",
+        f"![overhead per step against S]({ctx.plot})",
+        "",
+        "### 2. Bytes written per step",
+        "",
+        "Bytes every `write()` of the process made (SQLite: WAL frames and checkpoints) or the"
+        " PostgreSQL WAL grew, averaged over 10 steps from each point of one task of"
+        f" {ctx.sizes[-1]:,} steps. Flat means the cost of a step does not grow with the"
+        " history.",
+        "",
+        bytes_table(results, ctx),
+        "",
+        *figure_lines(results, ctx),
+        "",
+        "## Versions",
+        "",
+        table(["package", "version"], versions()),
+        "",
+    ]
+    if ctx.postgres_skipped:
+        lines += [f"PostgreSQL systems were left out: {ctx.postgres_skipped}", ""]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- plot
+
+
+def plot(results: dict[str, Any], ctx: Context, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stats = step_stats(results)
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    for system, by_size in stats.items():
+        points = [(s, c["over_median"]) for s, c in sorted(by_size.items())
+                  if isinstance(c, dict) and c["over_median"] > 0]
+        if system == "bare" or not points:
+            continue
+        style = "-" if system.startswith("tether") else ("--" if "floor" in system else ":")
+        ax.plot(*zip(*points, strict=True), style, marker="o", label=LABELS[system])
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("steps in the task (S)")
+    ax.set_ylabel("median overhead per step over the bare loop (ms)")
+    ax.set_title(f"Durable overhead per tool-call step ({ctx.date:%Y-%m-%d})")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -1,0 +1,118 @@
+"""A schema-2 SQLite store (snapshots and history WITHOUT ROWID) is upgraded to schema 3 in
+place, losing nothing (R8, R14: every kept version and the whole dialog survive), and a
+failed upgrade leaves the store exactly as it was."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+import tether as tt
+from tether.errors import StoreError
+
+SCHEMA_2 = {  # the two tables as schema 2 created them
+    "snapshots": """CREATE TABLE snapshots (task_id TEXT NOT NULL, version INTEGER NOT NULL,
+        created_at REAL NOT NULL, head BLOB NOT NULL, PRIMARY KEY (task_id, version))
+        WITHOUT ROWID""",
+    "history": """CREATE TABLE history (task_id TEXT NOT NULL, epoch INTEGER NOT NULL,
+        seq INTEGER NOT NULL, entry BLOB NOT NULL, PRIMARY KEY (task_id, epoch, seq))
+        WITHOUT ROWID""",
+}
+
+
+def build_app(db: Path) -> tt.Harness:
+    h = tt.Harness(f"sqlite:///{db}", settings=tt.Settings(keep_versions=4))
+
+    @h.tool()
+    async def note(ctx: tt.ToolContext, n: int) -> str:
+        return f"note {n}"
+
+    @h.agent("noter")
+    class Noter(tt.Agent):
+        async def plan(self, task: tt.TaskView) -> tt.Action:
+            if task.step < 6:
+                return tt.ToolCall("note", {"n": task.step})
+            if task.last_event is None:
+                return tt.Wait("approval")
+            return tt.Finish(task.step)
+
+    return h
+
+
+def downgrade_to_schema_2(db: Path) -> None:
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("BEGIN")
+    for name, create in SCHEMA_2.items():
+        conn.execute(f"ALTER TABLE {name} RENAME TO {name}_new")
+        conn.execute(create)
+        conn.execute(f"INSERT INTO {name} SELECT * FROM {name}_new")
+        conn.execute(f"DROP TABLE {name}_new")
+    conn.execute("UPDATE tether_meta SET value = '2' WHERE key = 'schema_version'")
+    conn.execute("COMMIT")
+    conn.close()
+
+
+def layout(db: Path) -> dict[str, str]:
+    conn = sqlite3.connect(db)
+    rows = dict(conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'"
+                             " AND name IN ('snapshots', 'history')").fetchall())
+    version = conn.execute("SELECT value FROM tether_meta WHERE key = 'schema_version'").fetchone()
+    conn.close()
+    return {**rows, "schema_version": version[0]}
+
+
+def contents(db: Path) -> tuple[list[tuple], list[tuple]]:
+    conn = sqlite3.connect(db)
+    snapshots = conn.execute("SELECT * FROM snapshots ORDER BY task_id, version").fetchall()
+    history = conn.execute("SELECT * FROM history ORDER BY task_id, epoch, seq").fetchall()
+    conn.close()
+    return snapshots, history
+
+
+async def test_a_schema_2_store_is_upgraded_in_place_and_the_task_carries_on(tmp_path: Path) -> None:
+    db = tmp_path / "old.db"
+    async with build_app(db) as h:
+        task_id = await h.submit("noter")
+        await h.run_until_idle()
+    downgrade_to_schema_2(db)
+    old = layout(db)
+    assert old["schema_version"] == "2" and "WITHOUT ROWID" in old["snapshots"].upper()
+    before = contents(db)
+    assert len(before[0]) == 4 and len(before[1]) >= 12
+
+    async with build_app(db) as h:
+        assert await h.store.count_by_status() == {"waiting": 1}  # opening it upgrades it
+        upgraded = layout(db)
+        assert upgraded["schema_version"] == "3"
+        assert "WITHOUT ROWID" not in upgraded["snapshots"].upper()
+        assert "WITHOUT ROWID" not in upgraded["history"].upper()
+        assert contents(db) == before
+        oldest = min(v for v, _, _ in await h.store.list_versions(task_id))
+        await h.rollback(task_id, oldest)  # a version written by schema 2 is still usable
+        await h.run_until_idle()
+        assert (await h.get(task_id)).record.status is tt.Status.WAITING
+        await h.emit(tt.Event("approval", task_id))
+        await h.run_until_idle()
+        info = await h.get(task_id)
+        assert info.record.status is tt.Status.COMPLETED
+        assert info.snapshot.result == 7  # six notes, then the approval
+    assert len(contents(db)[0]) == 4  # still only the newest keep_versions kept
+
+
+async def test_a_failed_upgrade_says_so_and_leaves_the_store_as_it_was(tmp_path: Path) -> None:
+    db = tmp_path / "old.db"
+    async with build_app(db) as h:
+        await h.submit("noter")
+        await h.run_until_idle()
+    downgrade_to_schema_2(db)
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE history_v2 (x)")  # the upgrade's scratch name is taken
+    conn.commit()
+    conn.close()
+    before, old = contents(db), layout(db)
+
+    with pytest.raises(StoreError, match=r"could not upgrade SQLite store .* schema 3.*left as it"):
+        tt.Harness(f"sqlite:///{db}").store  # noqa: B018 (opening the store runs the upgrade)
+    assert contents(db) == before and layout(db) == old
