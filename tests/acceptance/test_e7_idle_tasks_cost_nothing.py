@@ -3,7 +3,7 @@ again when its event arrives. Shown with 10,000 tasks waiting for an approval at
 
 Memory is measured with tracemalloc (bytes Python allocated and still holds), which does
 not depend on machine load: parking 9,000 more waiting tasks must leave next to nothing
-behind in the worker. ``bench/idle_memory.py`` reports the same run as process RSS.
+behind in the worker. ``bench/operations.py`` and ``bench/compare.py`` report the same as process RSS.
 """
 
 from __future__ import annotations

@@ -421,10 +421,10 @@ def break_guard(name: str) -> None:
     elif name == "fence":
         from tether.store.sqlite import SQLiteStore
 
-        def unfenced(self: Any, db: sqlite3.Connection, claim: Any) -> int:
-            row = db.execute("SELECT head_version FROM tasks WHERE task_id = ?",
-                             (claim.task_id,)).fetchone()
-            return int(row[0])
+        def unfenced(self: Any, db: sqlite3.Connection, claim: Any) -> tuple[Any, ...]:
+            row = db.execute("SELECT head_version, status, wake_at, lease_until FROM tasks"
+                             " WHERE task_id = ?", (claim.task_id,)).fetchone()
+            return tuple(row)
 
         SQLiteStore._check_fence = unfenced  # type: ignore[method-assign]
     elif name == "resume_point":
