@@ -373,10 +373,14 @@ class PostgresStore:
                           " AND created_at >= %s) OR (%s AND type = %s))")
             superseding = (priority, limits.coalesce, now - limits.window,
                            priority >= 3 and limits.coalesce is not None, event.type)
+            classed = limits.coalesce is not None  # else nothing is superseded: no scans
             if limits.refusable:
-                cur = await conn.execute(f"SELECT 1 FROM events WHERE task_id = %s AND {supersedes}"
-                                         " LIMIT 1", (event.task_id, *superseding))
-                if await cur.fetchone() is None:
+                found = None
+                if classed:
+                    cur = await conn.execute(f"SELECT 1 FROM events WHERE task_id = %s AND"
+                                             f" {supersedes} LIMIT 1", (event.task_id, *superseding))
+                    found = await cur.fetchone()
+                if found is None:
                     await _check_capacity(conn, event, limits)
             cur = await conn.execute(
                 "INSERT INTO events (task_id, type, priority, payload, source_event_id,"
@@ -386,10 +390,12 @@ class PostgresStore:
                  event.source_event_id, limits.coalesce, limits.wakes_needs_human, now))
             event_id = int((await cur.fetchone() or (0,))[0])
             failpoint("event_stored")
-            cur = await conn.execute(
-                f"UPDATE events SET status = 'coalesced', done_at = %s WHERE task_id = %s"
-                f" AND id <> %s AND {supersedes}", (now, event.task_id, event_id, *superseding))
-            coalesced = cur.rowcount
+            coalesced = 0
+            if classed:
+                cur = await conn.execute(
+                    f"UPDATE events SET status = 'coalesced', done_at = %s WHERE task_id = %s"
+                    f" AND id <> %s AND {supersedes}", (now, event.task_id, event_id, *superseding))
+                coalesced = cur.rowcount
             wakeable = statuses_woken(priority, limits)
             if wakeable:
                 await conn.execute("UPDATE tasks SET wake_at = %s WHERE task_id = %s"

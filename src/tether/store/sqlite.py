@@ -41,6 +41,7 @@ from tether.store.base import (
     statuses_woken,
     stranded_wake,
 )
+from tether.store.sqlite_group_commit import GroupCommit
 
 SCHEMA_VERSION = "3"  # 2: the blob table (R20); 3: snapshots and history as rowid tables
 _TASK_COLUMNS = (
@@ -101,6 +102,7 @@ class SQLiteStore:
             self._db.execute("PRAGMA journal_mode = WAL")
         self._db.execute(f"PRAGMA synchronous = {synchronous.upper()}")
         self._create_schema()
+        self._group = GroupCommit(self._db, path)
 
     def _refuse_foreign_database(self) -> None:
         """Refuse, before writing a byte, a file that is not a tether store (or a newer one)."""
@@ -305,45 +307,50 @@ class SQLiteStore:
     # ------------------------------------------------------------------ checkpoints
 
     async def commit(self, claim: Claim, checkpoint: Checkpoint, keep: int, lease_until: float) -> int:
+        return await self._group.write(
+            lambda db: self._checkpoint(db, claim, checkpoint, keep, lease_until))
+
+    def _checkpoint(self, db: sqlite3.Connection, claim: Claim, checkpoint: Checkpoint, keep: int,
+                    lease_until: float) -> int:
+        """Write one checkpoint, inside the group commit's transaction."""
         now = time.time()
         task_id = claim.task_id
-        with self._write() as db:
-            head, *current = self._check_fence(db, claim)
-            newest = db.execute("SELECT MAX(version) FROM snapshots WHERE task_id = ?",
-                                (task_id,)).fetchone()[0]
-            version = max(int(head), newest or 0) + 1  # never reuse a number, even after tampering
-            self._put_head(db, task_id, version, keep, checkpoint.head, now)
-            failpoint("mid_checkpoint")
-            self._put_blobs(db, checkpoint.blobs, now)
-            if checkpoint.history:
-                db.executemany(
-                    "INSERT INTO history (task_id, epoch, seq, entry) VALUES (?, ?, ?, ?)",
-                    [(task_id, r.epoch, r.seq, orjson.dumps(r.entry)) for r in checkpoint.history],
-                )
-            if checkpoint.events_done:
-                db.executemany(
-                    "UPDATE events SET status = ?, done_at = ? WHERE id = ? AND task_id = ?",
-                    [(disposition, now, event_id, task_id)
-                     for event_id, disposition in checkpoint.events_done],
-                )
-            if checkpoint.idempotency:
-                db.executemany(
-                    "INSERT INTO idempotency (key, task_id, tool, args_hash, status, result,"
-                    " error, attempts, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                    " ON CONFLICT (key) DO UPDATE SET tool = excluded.tool,"  # in place: no
-                    " args_hash = excluded.args_hash, status = excluded.status,"  # index churn
-                    " result = excluded.result, error = excluded.error,"
-                    " attempts = excluded.attempts, updated_at = excluded.updated_at",
-                    [(r.key, r.task_id, r.tool, r.args_hash, r.status, orjson.dumps(r.result),
-                      r.error, r.attempts, now) for r in checkpoint.idempotency],
-                )
-            if checkpoint.recovery_log:
-                db.executemany(
-                    "INSERT INTO recovery_log (task_id, at, record) VALUES (?, ?, ?)",
-                    [(task_id, now, orjson.dumps(r)) for r in checkpoint.recovery_log],
-                )
-            self._update_task(db, task_id, version, checkpoint, current, (now, lease_until))
-            self._settle_inbox(db, task_id, checkpoint.status, now, checkpoint.wake_at)
+        head, *current = self._check_fence(db, claim)
+        newest = db.execute("SELECT MAX(version) FROM snapshots WHERE task_id = ?",
+                            (task_id,)).fetchone()[0]
+        version = max(int(head), newest or 0) + 1  # never reuse a number, even after tampering
+        self._put_head(db, task_id, version, keep, checkpoint.head, now)
+        failpoint("mid_checkpoint")
+        self._put_blobs(db, checkpoint.blobs, now)
+        if checkpoint.history:
+            db.executemany(
+                "INSERT INTO history (task_id, epoch, seq, entry) VALUES (?, ?, ?, ?)",
+                [(task_id, r.epoch, r.seq, orjson.dumps(r.entry)) for r in checkpoint.history],
+            )
+        if checkpoint.events_done:
+            db.executemany(
+                "UPDATE events SET status = ?, done_at = ? WHERE id = ? AND task_id = ?",
+                [(disposition, now, event_id, task_id)
+                 for event_id, disposition in checkpoint.events_done],
+            )
+        if checkpoint.idempotency:
+            db.executemany(
+                "INSERT INTO idempotency (key, task_id, tool, args_hash, status, result,"
+                " error, attempts, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (key) DO UPDATE SET tool = excluded.tool,"  # in place: no
+                " args_hash = excluded.args_hash, status = excluded.status,"  # index churn
+                " result = excluded.result, error = excluded.error,"
+                " attempts = excluded.attempts, updated_at = excluded.updated_at",
+                [(r.key, r.task_id, r.tool, r.args_hash, r.status, orjson.dumps(r.result),
+                  r.error, r.attempts, now) for r in checkpoint.idempotency],
+            )
+        if checkpoint.recovery_log:
+            db.executemany(
+                "INSERT INTO recovery_log (task_id, at, record) VALUES (?, ?, ?)",
+                [(task_id, now, orjson.dumps(r)) for r in checkpoint.recovery_log],
+            )
+        self._update_task(db, task_id, version, checkpoint, current, (now, lease_until))
+        self._settle_inbox(db, task_id, checkpoint.status, now, checkpoint.wake_at)
         return version
 
     @staticmethod
@@ -496,7 +503,10 @@ class SQLiteStore:
                           " AND created_at >= ?) OR (? AND type = ?))")
             superseding = (priority, limits.coalesce, now - limits.window,
                            int(priority >= 3 and limits.coalesce is not None), event.type)
-            if limits.refusable and not (db.execute(
+            # Without a coalescing class nothing is superseded: skip the scans of the pending
+            # events (with a long inbox, they made every send slower than the last).
+            classed = limits.coalesce is not None
+            if limits.refusable and not (classed and db.execute(
                     f"SELECT 1 FROM events WHERE task_id = ? AND {supersedes} LIMIT 1",
                     (event.task_id, *superseding)).fetchone()):
                 self._check_capacity(db, event, limits)
@@ -514,7 +524,7 @@ class SQLiteStore:
                 "UPDATE events SET status = 'coalesced', done_at = ? WHERE task_id = ?"
                 f" AND id <> ? AND {supersedes}",
                 (now, event.task_id, event_id, *superseding),
-            ).rowcount
+            ).rowcount if classed else 0
             # P3/P4 only update state: they never wake a parked task (R4).
             wakeable = statuses_woken(priority, limits)
             if not wakeable:

@@ -1,0 +1,98 @@
+"""Group commit for the SQLite store: checkpoints of tasks running side by side share one
+transaction, and so one fsync.
+
+A durable commit costs about one fsync whatever it holds, so a worker recovering or
+running many tasks at once was bound by fsyncs, one per checkpoint. Here the first
+checkpoint to arrive leads: it yields to the event loop once, so that every other task
+ready to commit adds its checkpoint, then writes them all in one transaction, each
+inside its own savepoint. A checkpoint that fails (a stale lease, a bad row) is rolled
+back alone and its task alone gets the error; the others are written. Each caller
+returns only once the transaction holding its checkpoint has committed, so nothing is
+acknowledged before it is durable, and a checkpoint handed in is written even if its
+caller is cancelled meanwhile (as a commit that had begun always was).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tether.errors import StoreError
+
+Write = Callable[[sqlite3.Connection], int]
+
+
+@dataclass
+class _Pending:
+    write: Write
+    done: asyncio.Future[int] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class GroupCommit:
+    """Batches the checkpoint writes of one SQLite connection."""
+
+    def __init__(self, db: sqlite3.Connection, path: str) -> None:
+        self._db = db
+        self._path = path
+        self._queue: list[_Pending] = []
+
+    async def write(self, write: Write) -> int:
+        """Run *write* inside a shared transaction; returns its result once committed."""
+        pending = _Pending(write)
+        self._queue.append(pending)
+        if len(self._queue) == 1:
+            try:
+                await asyncio.sleep(0)  # the other tasks ready to commit join this batch
+            finally:
+                batch, self._queue = self._queue, []
+                try:
+                    self._commit(batch)
+                except BaseException as exc:  # no follower may be left waiting forever
+                    self._fail(batch, StoreError(f"SQLite store {self._path!r}: {exc!r}"))
+                    raise
+        return await pending.done
+
+    def _commit(self, batch: list[_Pending]) -> None:
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            self._fail(batch, StoreError(f"SQLite store {self._path!r} is busy or unwritable:"
+                                         f" {exc}"))
+            return
+        results = [self._one(pending) for pending in batch]
+        try:
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            self._db.execute("ROLLBACK")
+            self._fail(batch, StoreError(f"SQLite store {self._path!r} could not commit: {exc};"
+                                         " nothing was written"))
+            return
+        for pending, result in zip(batch, results, strict=True):
+            if not pending.done.done():
+                if isinstance(result, BaseException):
+                    pending.done.set_exception(result)
+                else:
+                    pending.done.set_result(result)
+
+    def _one(self, pending: _Pending) -> int | BaseException:
+        """One checkpoint inside its savepoint: written, or rolled back alone."""
+        self._db.execute("SAVEPOINT checkpoint")
+        try:
+            result = pending.write(self._db)
+        except Exception as exc:  # this checkpoint's own failure: its caller gets it
+            self._db.execute("ROLLBACK TO checkpoint")
+            self._db.execute("RELEASE checkpoint")
+            if isinstance(exc, sqlite3.Error):
+                return StoreError(f"SQLite store {self._path!r}: {exc}; nothing was written")
+            return exc
+        self._db.execute("RELEASE checkpoint")
+        return result
+
+    @staticmethod
+    def _fail(batch: list[_Pending], error: Exception) -> None:
+        for pending in batch:
+            if not pending.done.done():
+                pending.done.set_exception(error)
