@@ -363,6 +363,55 @@ class TaskConformance:
         assert version == 4 and Snapshot.loads(data, "t1", 4).step == 3
         assert (await store.load_head("t1"))[0] == 6
 
+    async def test_lowering_keep_drops_the_versions_beyond_it(self, store: Store) -> None:
+        """R14: keep_versions may be lowered between runs; the next commit keeps only the new
+        number (a store that reuses the row of the version it retires must still drop the
+        rest)."""
+        now = time.time()
+        await make_task(store, "t1")
+        lease = await claim(store, "t1", now)
+        for step in range(1, 6):
+            await commit(store, lease, Status.RUNNING, now, step=step, keep=5)
+        assert [v for v, _, _ in await store.list_versions("t1")] == [2, 3, 4, 5, 6]
+        await commit(store, lease, Status.RUNNING, now, step=6, keep=2)
+        assert [v for v, _, _ in await store.list_versions("t1")] == [6, 7]
+        version, data = await store.load_head("t1", 7)
+        assert version == 7 and Snapshot.loads(data, "t1", 7).step == 6
+
+    async def test_commits_of_many_tasks_at_once_each_land_or_fail_alone(
+            self, store: Store) -> None:
+        """Checkpoints of tasks running side by side may share a transaction (group commit):
+        each good one lands whole, and a stale one fails with LeaseLost writing nothing."""
+        import asyncio
+
+        now = time.time()
+        leases = []
+        for n in range(6):
+            await make_task(store, f"t{n}")
+            leases.append(await claim(store, f"t{n}", now))
+        stale = leases[3]
+        await claim(store, "t3", now + 2 * LEASE, worker="w2")
+
+        def checkpoint(n: int) -> Checkpoint:
+            return Checkpoint(head=head(f"t{n}", Status.RUNNING, 1), status=Status.RUNNING,
+                              history=[HistoryRow(0, 1, {"role": "tool", "content": n})],
+                              idempotency=[IdempotencyRecord(f"t{n}:f:0", f"t{n}", "pay", "h",
+                                                             "succeeded", n)])
+
+        results = await asyncio.gather(
+            *(store.commit(lease, checkpoint(n), KEEP, now + LEASE)
+              for n, lease in enumerate(leases)), return_exceptions=True)
+        assert isinstance(results[3], LeaseLost) and stale.task_id == "t3"
+        assert [r for n, r in enumerate(results) if n != 3] == [2] * 5
+        for n in (0, 1, 2, 4, 5):
+            assert (await store.get_task(f"t{n}")).head_version == 2
+            assert await store.read_history(f"t{n}", [[0, -1]]) == [{"role": "tool", "content": n}]
+            record = await store.get_idempotency(f"t{n}:f:0")
+            assert record is not None and record.result == n
+        assert [v for v, _, _ in await store.list_versions("t3")] == [1]
+        assert await store.read_history("t3", [[0, -1]]) == []
+        assert await store.get_idempotency("t3:f:0") is None
+
     async def test_load_head_of_unknown_task_raises_task_not_found(self, store: Store) -> None:
         """R13: loading the head of a task that does not exist raises TaskNotFound, any version."""
         with pytest.raises(TaskNotFound):
