@@ -11,6 +11,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from workload import byte_window
+
 LABELS = {
     "bare": "bare loop, no durability",
     "floor-1": "raw SQLite floor, 1 commit/step",
@@ -191,7 +193,8 @@ def bytes_table(results: dict[str, Any], ctx: Context) -> str:
         cells += [""] * (3 - len(cells))
         rows.append([LABELS[system], *cells, f"{fmt(byte_growth(found), 2)}x",
                      f"{found['store_bytes'] / 1e6:,.2f} MB"])
-    return table(["system", "from step 10", "from step 100", f"last steps of {ctx.sizes[-1]}",
+    return table(["system", "from step 10", "from step 100", f"last {byte_window(ctx.sizes[-1])}"
+                  f" steps of {ctx.sizes[-1]}",
                   "growth", f"store size after {ctx.sizes[-1]} steps"], rows)
 
 
@@ -285,9 +288,9 @@ def markdown(results: dict[str, Any], ctx: Context) -> str:
         "### 2. Bytes written per step",
         "",
         "Bytes every `write()` of the process made (SQLite: WAL frames and checkpoints) or the"
-        " PostgreSQL WAL grew, averaged over 10 steps from each point of one task of"
-        f" {ctx.sizes[-1]:,} steps. Flat means the cost of a step does not grow with the"
-        " history.",
+        f" PostgreSQL WAL grew, averaged over {byte_window(ctx.sizes[-1])} steps from each"
+        f" point of one task of {ctx.sizes[-1]:,} steps. Flat means the cost of a step does"
+        " not grow with the history.",
         "",
         bytes_table(results, ctx),
         "",

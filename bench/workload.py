@@ -39,14 +39,20 @@ def process_bytes_written() -> int:
     raise RuntimeError("/proc/self/io has no wchar line")
 
 
-WINDOW = 10
-"""Bytes are counted over this many steps from each mark: one step alone is lumpy (a page
-split, a WAL checkpoint land on some steps and not others)."""
+WINDOW = 100
+"""Bytes are counted over this many steps from each mark: a few steps are lumpy (a SQLite
+WAL checkpoint copies about a thousand pages back into the database every hundred steps or
+so, and a page split lands on some steps and not others)."""
 
 
 def byte_marks(steps: int) -> tuple[int, ...]:
     """Where write volume is measured: from step 10, from step 100, and over the last steps."""
-    return tuple(sorted({k for k in (10, 100, steps - 1 - WINDOW) if k > 0}))
+    window = byte_window(steps)
+    return tuple(sorted({k for k in (10, 100, steps - 1 - window) if 0 < k <= steps - 1 - window}))
+
+
+def byte_window(steps: int) -> int:
+    return max(1, min(WINDOW, steps // 4))
 
 
 @dataclass
@@ -69,15 +75,16 @@ class Meter:
             time.sleep(3600)
         if self.count_bytes is not None:
             marks = byte_marks(self.steps)
-            if n in marks or n - WINDOW in marks:
+            if n in marks or n - byte_window(self.steps) in marks:
                 self.byte_counts[n] = self.count_bytes()
         return RESULT
 
     def report(self) -> dict[str, Any]:
         """Per-step seconds and, for each marked step k, bytes written per step from k on."""
         deltas = [b - a for a, b in zip(self.stamps, self.stamps[1:], strict=False)]
-        written = {k: (self.byte_counts[k + WINDOW] - self.byte_counts[k]) / WINDOW
+        window = byte_window(self.steps)
+        written = {k: (self.byte_counts[k + window] - self.byte_counts[k]) / window
                    for k in byte_marks(self.steps)
-                   if k in self.byte_counts and k + WINDOW in self.byte_counts}
+                   if k in self.byte_counts and k + window in self.byte_counts}
         return {"step_seconds": deltas, "calls": len(self.stamps), "bytes_at": written,
                 "first_call_s": self.stamps[0] - self.started if self.stamps else None}
