@@ -311,26 +311,34 @@ def markdown(results: dict[str, Any], ctx: Context) -> str:
 
 def plot(results: dict[str, Any], ctx: Context, path: Path) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     stats = step_stats(results)
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
-    for system, by_size in stats.items():
+    fig, ax = plt.subplots(figsize=(10, 5.5), dpi=110)
+    colours = [*plt.get_cmap("tab10").colors, "black", "olive"]
+    for n, (system, by_size) in enumerate(stats.items()):
         points = [(s, c["over_median"]) for s, c in sorted(by_size.items())
                   if isinstance(c, dict) and c["over_median"] > 0]
         if system == "bare" or not points:
             continue
         style = "-" if system.startswith("tether") else ("--" if "floor" in system else ":")
-        ax.plot(*zip(*points, strict=True), style, marker="o", label=LABELS[system])
+        ax.plot(*zip(*points, strict=True), style, marker="os^Dv<>ph*"[n % 10],
+                color=colours[n % len(colours)], linewidth=2 if system.startswith("tether") else 1.4,
+                label=LABELS[system])
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.set_xticks(ctx.sizes, [f"{s:,}" for s in ctx.sizes])
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:g}"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("steps in the task (S)")
     ax.set_ylabel("median overhead per step over the bare loop (ms)")
     ax.set_title(f"Durable overhead per tool-call step ({ctx.date:%Y-%m-%d})")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
