@@ -233,10 +233,16 @@ class SQLiteStore:
         candidates = [task_id for task_id, _ in sorted(rows, key=lambda row: row[1])[:8]]
         if not candidates:
             return None
-        with self._write() as db:
-            for task_id in candidates:
-                if db.execute(_CLAIMABLE, {**params, "task_id": task_id}).fetchone():
-                    return self._take(db, task_id, worker, now, lease)
+        return await self._group.write(  # claims made together share a transaction
+            lambda db: self._take_first(db, candidates, params, worker, lease))
+
+    def _take_first(self, db: sqlite3.Connection, candidates: list[str], params: dict[str, Any],
+                    worker: str, lease: float) -> Claim | None:
+        """The first candidate still free under the lock (a claim in the same batch, or
+        another process, may have taken the others)."""
+        for task_id in candidates:
+            if db.execute(_CLAIMABLE, {**params, "task_id": task_id}).fetchone():
+                return self._take(db, task_id, worker, params["now"], lease)
         return None
 
     async def claim_task(self, task_id: str, worker: str, now: float, lease: float) -> Claim | None:

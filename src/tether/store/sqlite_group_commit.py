@@ -1,5 +1,5 @@
-"""Group commit for the SQLite store: checkpoints of tasks running side by side share one
-transaction, and so one fsync.
+"""Group commit for the SQLite store: checkpoints (and claims) of tasks running side by
+side share one transaction, and so one fsync.
 
 A durable commit costs about one fsync whatever it holds, so a worker recovering or
 running many tasks at once was bound by fsyncs, one per checkpoint. Here the first
@@ -18,16 +18,17 @@ import asyncio
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
 
 from tether.errors import StoreError
 
-Write = Callable[[sqlite3.Connection], int]
+T = TypeVar("T")
 
 
 @dataclass
 class _Pending:
-    write: Write
-    done: asyncio.Future[int] = field(
+    write: Callable[[sqlite3.Connection], Any]
+    done: asyncio.Future[Any] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -39,7 +40,7 @@ class GroupCommit:
         self._path = path
         self._queue: list[_Pending] = []
 
-    async def write(self, write: Write) -> int:
+    async def write(self, write: Callable[[sqlite3.Connection], T]) -> T:
         """Run *write* inside a shared transaction; returns its result once committed."""
         pending = _Pending(write)
         self._queue.append(pending)
@@ -53,7 +54,7 @@ class GroupCommit:
                 except BaseException as exc:  # no follower may be left waiting forever
                     self._fail(batch, StoreError(f"SQLite store {self._path!r}: {exc!r}"))
                     raise
-        return await pending.done
+        return cast(T, await pending.done)
 
     def _commit(self, batch: list[_Pending]) -> None:
         try:
@@ -77,7 +78,7 @@ class GroupCommit:
                 else:
                     pending.done.set_result(result)
 
-    def _one(self, pending: _Pending) -> int | BaseException:
+    def _one(self, pending: _Pending) -> Any:
         """One checkpoint inside its savepoint: written, or rolled back alone."""
         self._db.execute("SAVEPOINT checkpoint")
         try:

@@ -101,6 +101,20 @@ class TaskConformance:
 
     # ------------------------------------------------------------------ leases
 
+    async def test_claims_made_together_never_hand_one_task_to_two(self, store: Store) -> None:
+        """A worker claims for its free slots side by side (one transaction in SQLite): every
+        task goes to exactly one claim, and the claims beyond the work find none."""
+        import asyncio
+
+        now = time.time()
+        for n in range(5):
+            await make_task(store, f"t{n}", created_at=now - 10 + n)
+        claims = await asyncio.gather(*(store.claim("w1", now, LEASE) for _ in range(8)))
+        taken = [c.task_id for c in claims if c is not None]
+        assert sorted(taken) == [f"t{n}" for n in range(5)]
+        assert claims.count(None) == 3
+        assert await store.claim("w2", now, LEASE) is None
+
     async def test_claim_returns_none_without_work(self, store: Store) -> None:
         """E7: an empty store (or one with only idle tasks) has nothing to claim."""
         assert await store.claim("w1", time.time(), LEASE) is None
