@@ -167,8 +167,8 @@ def attempt(what: str, run: Callable[[], Any], say: Callable[[str], None]) -> An
     say(what)
     try:
         return run()
-    except (RunFailed, subprocess.TimeoutExpired) as failure:
-        return RunFailed(str(failure))
+    except Exception as failure:  # one figure that cannot run must not lose the others
+        return RunFailed(f"{type(failure).__name__}: {failure}")
 
 
 def main() -> None:

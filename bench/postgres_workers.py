@@ -25,7 +25,6 @@ from pathlib import Path
 import psycopg
 
 import tether as tt
-from tether.store.redis_cache import CachedStore
 
 HERE = Path(__file__).resolve().parent
 
@@ -143,6 +142,8 @@ def takeover(admin: str, lease: float) -> tuple[float, int]:
 
 
 async def cache_hit_rate(admin: str, redis: str, tasks: int) -> tuple[int, int]:
+    from tether.store.redis_cache import CachedStore  # the redis extra: only this figure
+
     url = fresh_database(admin)
     try:
         h = build(url)
