@@ -17,7 +17,6 @@ import sqlite3
 import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from importlib import resources
 from typing import Any
 
 import orjson
@@ -33,6 +32,7 @@ from tether.errors import (
 )
 from tether.failpoints import failpoint
 from tether.model import EmitReceipt, Event, IdempotencyRecord, Status, TaskRecord
+from tether.store import sqlite_schema
 from tether.store.base import (
     Checkpoint,
     Claim,
@@ -43,7 +43,6 @@ from tether.store.base import (
 )
 from tether.store.sqlite_group_commit import GroupCommit
 
-SCHEMA_VERSION = "3"  # 2: the blob table (R20); 3: snapshots and history as rowid tables
 _TASK_COLUMNS = (
     "task_id, agent, status, created_at, updated_at, head_version, reason, lease_owner, lease_until,"
     " wake_at"
@@ -83,10 +82,6 @@ _OPEN_END = 1 << 62
 _FINISHED = ("completed", "failed", "cancelled")
 
 
-def _sql(name: str) -> str:
-    return resources.files("tether.store").joinpath(f"sql/{name}").read_text()
-
-
 class SQLiteStore:
     """A :class:`tether.store.base.Store` on one SQLite database file (or ``:memory:``)."""
 
@@ -97,62 +92,12 @@ class SQLiteStore:
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open SQLite store at {path!r}: {exc}") from exc
         self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-        self._refuse_foreign_database()
+        sqlite_schema.refuse_foreign_database(self._db, path)
         if path != ":memory:":
             self._db.execute("PRAGMA journal_mode = WAL")
         self._db.execute(f"PRAGMA synchronous = {synchronous.upper()}")
-        self._create_schema()
+        sqlite_schema.create_or_upgrade(self._db, path)
         self._group = GroupCommit(self._db, path)
-
-    def _refuse_foreign_database(self) -> None:
-        """Refuse, before writing a byte, a file that is not a tether store (or a newer one)."""
-        try:
-            tables = {row[0] for row in self._db.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table'")}
-        except sqlite3.DatabaseError as exc:
-            self._db.close()
-            raise StoreError(f"{self.path!r} is not a SQLite database ({exc}); nothing was"
-                             " written to it") from exc
-        if tables and "tether_meta" not in tables:
-            self._db.close()
-            raise StoreError(f"{self.path!r} is a SQLite database but not a tether store (it has"
-                             f" tables {', '.join(sorted(tables)[:5])}); refusing to touch it")
-        if "tether_meta" in tables:
-            self._check_schema_version()
-
-    def _create_schema(self) -> None:
-        self._upgrade_layout()
-        self._db.executescript(_sql("sqlite_schema.sql"))
-        with self._write() as db:
-            db.execute(
-                "INSERT OR IGNORE INTO tether_meta (key, value) VALUES ('schema_version', ?)",
-                (SCHEMA_VERSION,),
-            )
-            db.execute(  # an older store just gained the newer tables: it is this version now
-                "UPDATE tether_meta SET value = ? WHERE key = 'schema_version'"
-                " AND CAST(value AS INTEGER) < ?", (SCHEMA_VERSION, int(SCHEMA_VERSION)))
-
-    def _upgrade_layout(self) -> None:
-        """Rebuild the tables a schema-2 store kept WITHOUT ROWID (see the script's header)."""
-        layouts = dict(self._db.execute(
-            "SELECT name, sql FROM sqlite_master WHERE type = 'table'"
-            " AND name IN ('snapshots', 'history')").fetchall())
-        if any("WITHOUT ROWID" in sql.upper() for sql in layouts.values()):
-            try:
-                self._db.executescript(_sql("sqlite_v3_rowid_tables.sql"))
-            except sqlite3.Error as exc:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise StoreError(f"could not upgrade SQLite store {self.path!r} to schema 3:"
-                                 f" {exc}; it was left as it was") from exc
-
-    def _check_schema_version(self) -> None:
-        row = self._db.execute(
-            "SELECT value FROM tether_meta WHERE key = 'schema_version'").fetchone()
-        if row is not None and int(row[0]) > int(SCHEMA_VERSION):
-            self._db.close()
-            raise StoreError(f"store {self.path!r} has schema version {row[0]}, newer than this"
-                             f" tether ({SCHEMA_VERSION}); upgrade tether to open it")
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
