@@ -6,6 +6,7 @@ import datetime as dt
 import platform
 import sqlite3
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -198,6 +199,11 @@ def bytes_table(results: dict[str, Any], ctx: Context) -> str:
                   "growth", f"store size after {ctx.sizes[-1]} steps"], rows)
 
 
+def section(heading: str, found: Any, render: Callable[[Any], str]) -> list[str]:
+    """A figure's heading and its text, or why it did not run."""
+    return ["", heading, "", f"did not run: {found}" if failed(found) else render(found)]
+
+
 def figure_lines(results: dict[str, Any], ctx: Context) -> list[str]:
     out = []
     resume = results["resume"]
@@ -217,30 +223,21 @@ def figure_lines(results: dict[str, Any], ctx: Context) -> list[str]:
     out.append(table(["system", "resume"], [
         [LABELS[s], f"did not run: {v}" if failed(v) else f"{v * 1e3:,.1f} ms"]
         for s, v in resume.items()]))
-    preempt = results["preempt"]
-    out += ["", "### 4. P0 preemption latency", ""]
-    out.append(f"did not run: {preempt}" if failed(preempt) else (
-        f"Over {preempt['trials']:,} trials, from `emit(user_interrupt)` to the in-flight call"
+    out += section("### 4. P0 preemption latency", results["preempt"], lambda p: (
+        f"Over {p['trials']:,} trials, from `emit(user_interrupt)` to the in-flight call"
         f" cancelled and the paused checkpoint committed (SQLite, FULL):"
-        f" p50 **{preempt['p50_ms']:.2f} ms**, p99 **{preempt['p99_ms']:.2f} ms**,"
-        f" max {preempt['max_ms']:.2f} ms."))
-    ingest = results["ingest"]
-    out += ["", "### 5. Event ingestion into one task's inbox", ""]
-    out.append(f"did not run: {ingest}" if failed(ingest) else table(
+        f" p50 **{p['p50_ms']:.2f} ms**, p99 **{p['p99_ms']:.2f} ms**, max {p['max_ms']:.2f} ms."))
+    out += section("### 5. Event ingestion into one task's inbox", results["ingest"], lambda i: table(
         ["events sent (each durable before the next)", "events/s", "pending after"],
-        [[f"{ingest['events']:,} `progress` (P3, coalescing)",
-          f"{ingest['coalescing']['events_per_s']:,.0f}",
-          f"{ingest['coalescing']['pending_after']:,}"],
-         [f"{ingest['events']:,} `user_message` (P1, never coalesced)",
-          f"{ingest['distinct']['events_per_s']:,.0f}",
-          f"{ingest['distinct']['pending_after']:,}"]]))
-    idle = results["idle"]
-    out += ["", "### 6. Memory per idle waiting task", ""]
-    out.append(f"did not run: {idle}" if failed(idle) else (
-        f"{idle['tasks']:,} tasks waiting for an approval in one process: RSS"
-        f" {idle['rss_before_mib']:.1f} → {idle['rss_after_mib']:.1f} MiB,"
-        f" **{idle['rss_bytes_per_task']:,.0f} bytes per task** (SQLite's page cache included);"
-        f" Python heap {idle['heap_bytes_per_task']:,.0f} bytes per task (tracemalloc)."))
+        [[f"{i['events']:,} `{kind}` ({what})", f"{i[key]['events_per_s']:,.0f}",
+          f"{i[key]['pending_after']:,}"]
+         for key, kind, what in (("coalescing", "progress", "P3, coalescing"),
+                                 ("distinct", "user_message", "P1, never coalesced"))]))
+    out += section("### 6. Memory per idle waiting task", results["idle"], lambda m: (
+        f"{m['tasks']:,} tasks waiting for an approval in one process: RSS"
+        f" {m['rss_before_mib']:.1f} → {m['rss_after_mib']:.1f} MiB,"
+        f" **{m['rss_bytes_per_task']:,.0f} bytes per task** (SQLite's page cache included);"
+        f" Python heap {m['heap_bytes_per_task']:,.0f} bytes per task (tracemalloc)."))
     workers = results["workers"]
     out += ["", "### 7. PostgreSQL: tasks x steps per second by workers", ""]
     if workers is None:
