@@ -10,33 +10,18 @@ with the raw SQLite floors in the same rounds:
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from compare import RunFailed, python_json
+from compare import PG, RunFailed, run_system
 from workload import byte_marks
 
 HERE = Path(__file__).resolve().parent
 SYSTEMS = ("tether-memory", "tether-sqlite", "tether-sqlite-synced")
 FLOORS = ("bare", "floor-1", "floor-2")
-
-
-def one_run(system: str, steps: int, src: Path | None, count_bytes: bool) -> dict[str, object]:
-    folder = Path(tempfile.mkdtemp(prefix=f"{system}-"))
-    env_path = os.environ.get("PYTHONPATH", "")
-    try:
-        if src is not None:
-            os.environ["PYTHONPATH"] = str(src)
-        return python_json(["systems.py", system, str(steps), str(folder),
-                            *(["--bytes"] if count_bytes else [])])
-    finally:
-        os.environ["PYTHONPATH"] = env_path
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def main() -> None:
@@ -55,16 +40,15 @@ def main() -> None:
         for round_ in range(args.rounds):
             for name in FLOORS:
                 seconds.setdefault(name, []).extend(
-                    one_run(name, args.steps, None, False)["step_seconds"])  # type: ignore[arg-type]
+                    run_system(name, args.steps)["step_seconds"])
             for system in SYSTEMS:
                 for label, src in trees.items():
-                    found = one_run(system, args.steps, src, round_ == 0)
-                    seconds.setdefault(f"{system} {label}", []).extend(
-                        found["step_seconds"])  # type: ignore[arg-type]
-                    marks = found["bytes_at"]
-                    if marks:
+                    extra = ("--bytes",) if round_ == 0 else ()
+                    found = run_system(system, args.steps, None, PG, *extra, src=src)
+                    seconds.setdefault(f"{system} {label}", []).extend(found["step_seconds"])
+                    if found["bytes_at"]:
                         last = str(byte_marks(args.steps)[-1])
-                        written[f"{system} {label}"] = marks[last]  # type: ignore[index]
+                        written[f"{system} {label}"] = found["bytes_at"][last]
     except RunFailed as failure:
         sys.exit(f"a run failed: {failure}")
     finally:

@@ -19,12 +19,12 @@ import datetime as dt
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ import report
 
 HERE = Path(__file__).resolve().parent
 DOCS = HERE.parent / "docs"
+PG = "postgresql://postgres@127.0.0.1:5432/test"
 SQLITE_SYSTEMS = ("bare", "floor-1", "floor-2", "tether-memory", "tether-sqlite",
                   "tether-sqlite-synced", "langgraph-memory", "langgraph-sqlite", "dbos-sqlite")
 POSTGRES_SYSTEMS = ("tether-postgres", "langgraph-postgres", "dbos-postgres")
@@ -44,10 +45,13 @@ class RunFailed(Exception):
     """A system's run did not produce figures; the report says why instead of a number."""
 
 
-def python_json(args: list[str], timeout: float = 1800) -> dict[str, Any]:
-    """Run one bench script in its own process and read the JSON line it prints."""
+def python_json(args: list[str], timeout: float = 1800,
+                src: Path | None = None) -> dict[str, Any]:
+    """Run one bench script in its own process and read the JSON line it prints; with *src*,
+    that tree's tether is imported instead of the installed one."""
+    env = {**os.environ, "PYTHONPATH": str(src)} if src is not None else None
     done = subprocess.run([sys.executable, *args], cwd=HERE, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+                          timeout=timeout, check=False, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
@@ -56,12 +60,21 @@ def python_json(args: list[str], timeout: float = 1800) -> dict[str, Any]:
     return result
 
 
-def run_system(system: str, steps: int, work: Path, pg: str, *extra: str) -> dict[str, Any]:
-    folder = Path(tempfile.mkdtemp(prefix=f"{system}-", dir=work))
+@contextmanager
+def scratch(prefix: str, work: Path | None = None) -> Iterator[Path]:
+    """A folder of its own for one run, removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=work))
     try:
-        return python_json(["systems.py", system, str(steps), str(folder), "--pg", pg, *extra])
+        yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def run_system(system: str, steps: int, work: Path | None = None, pg: str = PG, *extra: str,
+               src: Path | None = None) -> dict[str, Any]:
+    with scratch(system, work) as folder:
+        return python_json(["systems.py", system, str(steps), str(folder), "--pg", pg, *extra],
+                           src=src)
 
 
 def step_costs(systems: list[str], sizes: list[int], rounds: int, work: Path, pg: str,
@@ -98,51 +111,39 @@ def bytes_written(systems: list[str], steps: int, work: Path, pg: str,
 def killed_and_resumed(system: str, steps: int, work: Path) -> float:
     """One task of *steps* steps, its process SIGKILLed inside the last call; seconds from
     the new process opening its store until that call runs again."""
-    folder = Path(tempfile.mkdtemp(prefix=f"resume-{system}-", dir=work))
-    try:
+    with scratch(f"resume-{system}", work) as folder:
         args = ["systems.py", system, str(steps + 1), str(folder)]
-        child = subprocess.Popen([sys.executable, *args, "--mode", "hang"], cwd=HERE,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        wait_for_ready(child)
-        child.send_signal(signal.SIGKILL)
-        child.wait()
-        time.sleep(1.2)  # the killed process's lease (1 s) runs out
-        return float(python_json([*args, "--mode", "resume"])["resume_to_call_s"])
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        found = kill_when_ready_then([*args, "--mode", "hang"], [*args, "--mode", "resume"])
+        return float(found["resume_to_call_s"])
 
 
-def wait_for_ready(child: subprocess.Popen[str]) -> None:
+def kill_when_ready_then(child_args: list[str], recover_args: list[str]) -> dict[str, Any]:
+    """Start a child, SIGKILL it once it says READY, let its 1 s leases run out, then run
+    the recovering process and return what it measured."""
+    child = subprocess.Popen([sys.executable, *child_args], cwd=HERE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
     assert child.stdout is not None
     line = child.stdout.readline()
+    child.kill()
+    child.wait()
     if line.strip() != "READY":
-        child.kill()
         why = child.stderr.read()[-400:] if child.stderr else ""
         raise RunFailed(f"the child never got ready: {line} {why}")
+    time.sleep(1.2)
+    return python_json(recover_args)
 
 
 def recover_many(tasks: int, work: Path) -> dict[str, Any]:
     """*tasks* tasks in flight in one worker, SIGKILLed; a new process recovers them all."""
-    folder = Path(tempfile.mkdtemp(prefix="recover-", dir=work))
-    try:
-        child = subprocess.Popen(
-            [sys.executable, "tether_figures.py", "interrupt", str(folder), str(tasks)], cwd=HERE,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        wait_for_ready(child)
-        child.send_signal(signal.SIGKILL)
-        child.wait()
-        time.sleep(1.2)
-        return python_json(["tether_figures.py", "recover", str(folder), str(tasks)])
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    with scratch("recover", work) as folder:
+        return kill_when_ready_then(
+            ["tether_figures.py", "interrupt", str(folder), str(tasks)],
+            ["tether_figures.py", "recover", str(folder), str(tasks)])
 
 
 def tether_figure(name: str, n: int, work: Path) -> dict[str, Any]:
-    folder = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=work))
-    try:
+    with scratch(name, work) as folder:
         return python_json(["tether_figures.py", name, str(folder), str(n)])
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def postgres_throughput(pg: str, workers: list[int], tasks: int, steps: int) -> dict[int, float]:
@@ -175,7 +176,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", default="10,100,1000", help="the S values, comma-separated")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--pg", default=PG)
     parser.add_argument("--no-postgres", action="store_true")
     parser.add_argument("--recover-tasks", type=int, default=1000)
     parser.add_argument("--trials", type=int, default=1000, help="P0 preemption trials")
@@ -197,8 +198,7 @@ def main() -> None:
 
     no_pg = "--no-postgres given" if args.no_postgres else postgres_reachable(args.pg)
     systems = list(SQLITE_SYSTEMS) + ([] if no_pg else list(POSTGRES_SYSTEMS))
-    work = Path(tempfile.mkdtemp(prefix="tether-compare-"))
-    try:
+    with scratch("tether-compare") as work:
         results: dict[str, Any] = {
             "steps": step_costs(systems, sizes, args.rounds, work, args.pg, say),
             "bytes": bytes_written([s for s in systems if s in DURABLE], sizes[-1], work,
@@ -215,8 +215,6 @@ def main() -> None:
                 args.pg, [int(w) for w in args.workers.split(",")], 50 if args.smoke else 200,
                 10), say),
         }
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     context = report.Context(
         sizes=sizes, rounds=args.rounds, postgres_skipped=no_pg, smoke=args.smoke,
         date=dt.datetime.now(dt.UTC), seconds=time.time() - started,

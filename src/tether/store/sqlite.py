@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Collection, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import orjson
@@ -41,7 +41,7 @@ from tether.store.base import (
     statuses_woken,
     stranded_wake,
 )
-from tether.store.sqlite_group_commit import GroupCommit
+from tether.store.sqlite_group_commit import GroupCommit, write_transaction
 
 _TASK_COLUMNS = (
     "task_id, agent, status, created_at, updated_at, head_version, reason, lease_owner, lease_until,"
@@ -99,25 +99,9 @@ class SQLiteStore:
         sqlite_schema.create_or_upgrade(self._db, path)
         self._group = GroupCommit(self._db, path)
 
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def _write(self) -> AbstractContextManager[sqlite3.Connection]:
         """One write transaction, taken with the write lock up front."""
-        try:
-            self._db.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:
-            raise StoreError(f"SQLite store {self.path!r} is busy or unwritable: {exc}") from exc
-        try:
-            yield self._db
-        except sqlite3.Error as exc:
-            self._db.execute("ROLLBACK")
-            raise StoreError(f"SQLite store {self.path!r}: {exc}; nothing was written") from exc
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        try:
-            self._db.execute("COMMIT")
-        except sqlite3.Error as exc:
-            raise StoreError(f"SQLite store {self.path!r} could not commit: {exc}") from exc
+        return write_transaction(self._db, self.path)
 
     def pragma(self, name: str) -> Any:
         """Read a PRAGMA (tests check the durability defaults with it)."""

@@ -16,13 +16,40 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 from tether.errors import StoreError
 
 T = TypeVar("T")
+
+
+@contextmanager
+def write_transaction(db: sqlite3.Connection, path: str) -> Iterator[sqlite3.Connection]:
+    """One write transaction, taken with the write lock up front (BEGIN IMMEDIATE: a read
+    that upgrades to a write would get SQLITE_BUSY despite the busy timeout). Every failure
+    rolls back and is a StoreError naming the file."""
+    try:
+        db.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as exc:
+        raise StoreError(f"SQLite store {path!r} is busy or unwritable: {exc}") from exc
+    try:
+        yield db
+    except sqlite3.Error as exc:
+        db.execute("ROLLBACK")
+        raise StoreError(f"SQLite store {path!r}: {exc}; nothing was written") from exc
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    try:
+        db.execute("COMMIT")
+    except sqlite3.Error as exc:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise StoreError(f"SQLite store {path!r} could not commit: {exc}; nothing was"
+                         " written") from exc
 
 
 @dataclass
@@ -58,18 +85,10 @@ class GroupCommit:
 
     def _commit(self, batch: list[_Pending]) -> None:
         try:
-            self._db.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:
-            self._fail(batch, StoreError(f"SQLite store {self._path!r} is busy or unwritable:"
-                                         f" {exc}"))
-            return
-        results = [self._one(pending) for pending in batch]
-        try:
-            self._db.execute("COMMIT")
-        except sqlite3.Error as exc:
-            self._db.execute("ROLLBACK")
-            self._fail(batch, StoreError(f"SQLite store {self._path!r} could not commit: {exc};"
-                                         " nothing was written"))
+            with write_transaction(self._db, self._path) as db:
+                results = [self._one(db, pending) for pending in batch]
+        except StoreError as error:
+            self._fail(batch, error)
             return
         for pending, result in zip(batch, results, strict=True):
             if not pending.done.done():
@@ -78,18 +97,18 @@ class GroupCommit:
                 else:
                     pending.done.set_result(result)
 
-    def _one(self, pending: _Pending) -> Any:
+    def _one(self, db: sqlite3.Connection, pending: _Pending) -> Any:
         """One checkpoint inside its savepoint: written, or rolled back alone."""
-        self._db.execute("SAVEPOINT checkpoint")
+        db.execute("SAVEPOINT checkpoint")
         try:
-            result = pending.write(self._db)
+            result = pending.write(db)
         except Exception as exc:  # this checkpoint's own failure: its caller gets it
-            self._db.execute("ROLLBACK TO checkpoint")
-            self._db.execute("RELEASE checkpoint")
+            db.execute("ROLLBACK TO checkpoint")
+            db.execute("RELEASE checkpoint")
             if isinstance(exc, sqlite3.Error):
                 return StoreError(f"SQLite store {self._path!r}: {exc}; nothing was written")
             return exc
-        self._db.execute("RELEASE checkpoint")
+        db.execute("RELEASE checkpoint")
         return result
 
     @staticmethod

@@ -7,6 +7,7 @@ import sqlite3
 from importlib import resources
 
 from tether.errors import StoreError
+from tether.store.sqlite_group_commit import write_transaction
 
 SCHEMA_VERSION = "3"  # 2: the blob table (R20); 3: snapshots and history as rowid tables
 
@@ -37,17 +38,14 @@ def create_or_upgrade(db: sqlite3.Connection, path: str) -> None:
     _upgrade_layout(db, path)
     try:
         db.executescript(_sql("sqlite_schema.sql"))
-        db.execute("BEGIN IMMEDIATE")
+    except sqlite3.Error as exc:
+        raise StoreError(f"SQLite store {path!r} is busy or unwritable: {exc}") from exc
+    with write_transaction(db, path):
         db.execute("INSERT OR IGNORE INTO tether_meta (key, value) VALUES ('schema_version', ?)",
                    (SCHEMA_VERSION,))
         db.execute(  # an older store just gained the newer tables: it is this version now
             "UPDATE tether_meta SET value = ? WHERE key = 'schema_version'"
             " AND CAST(value AS INTEGER) < ?", (SCHEMA_VERSION, int(SCHEMA_VERSION)))
-        db.execute("COMMIT")
-    except sqlite3.Error as exc:
-        if db.in_transaction:
-            db.execute("ROLLBACK")
-        raise StoreError(f"SQLite store {path!r} is busy or unwritable: {exc}") from exc
 
 
 def _upgrade_layout(db: sqlite3.Connection, path: str) -> None:
