@@ -39,6 +39,16 @@ class InvalidInput(TetherError):
     """The input is not valid: it must be JSON-serialisable and well formed."""
 
 
+class ReservedEventType(TetherError):
+    """That event type is a lever reserved to operators (cancel, resume, rollback, decide and
+    the harness's own timers); use the Harness method, the CLI, the console or the API route."""
+
+
+class InDoubtCall(TetherError):
+    """A side-effecting call's outcome is unknown: say what happened (happened, not_happened
+    or skip) instead of a plain resume, so it is never repeated blindly."""
+
+
 class TaskNotFound(TetherError):
     """No task with that id exists in the store."""
 
