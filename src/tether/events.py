@@ -24,6 +24,7 @@ from tether.model import (
     Replan,
     Status,
     action_to_dict,
+    check_task_id,
     to_plain,
 )
 from tether.protocol import CONTROL_EVENTS, InterruptionProtocol
@@ -33,6 +34,9 @@ from tether.store import InboxLimits, Store, StoredEvent
 if TYPE_CHECKING:
     from tether.runner import Runner
 
+
+MAX_NAME = 200
+"""Longest event type or ``source_event_id`` accepted (they are stored and indexed)."""
 
 REOPENS = {
     "resume": frozenset({Status.FAILED}),
@@ -55,10 +59,13 @@ class Inbox:
         """Store *event*; returns only once it is durable (or refused with an error)."""
         if not isinstance(event.type, str) or not event.type:
             raise InvalidInput("an event needs a non-empty string type")
-        if not isinstance(event.task_id, str) or not event.task_id:
-            raise InvalidInput(f"event {event.type!r} names no task_id")
-        if event.source_event_id is not None and not isinstance(event.source_event_id, str):
-            raise InvalidInput("source_event_id must be a string")
+        if len(event.type) > MAX_NAME or not event.type.isprintable():
+            raise InvalidInput(f"event type {event.type[:40]!r}... must be printable and at most"
+                               f" {MAX_NAME} characters")
+        check_task_id(event.task_id)
+        if event.source_event_id is not None and (
+                not isinstance(event.source_event_id, str) or len(event.source_event_id) > MAX_NAME):
+            raise InvalidInput(f"source_event_id must be a string of at most {MAX_NAME} characters")
         event.payload = to_plain(event.payload, self.settings.max_payload_bytes,
                                  f"payload of event {event.type!r}")
         rule = self.protocol.rule_for(event.type, event.priority)
@@ -125,6 +132,8 @@ async def _control(runner: Runner, event: Event) -> None:
         await _cancel(runner, event)
     elif event.type == "resume":
         await recovery.human_resume(runner, event)
+    elif event.type == "decide":
+        await recovery.human_decide(runner, event)
     else:
         await recovery.rollback(runner, event)
 

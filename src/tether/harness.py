@@ -18,16 +18,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
-import orjson
-
 from tether import blobs
 from tether.agent import Agent
 from tether.bundle import dumps_bundle, export_bundle
-from tether.errors import ConfigurationError, UnknownAgent
+from tether.errors import (
+    ConfigurationError,
+    IllegalTransition,
+    InDoubtCall,
+    InvalidInput,
+    ReservedEventType,
+    UnknownAgent,
+)
 from tether.events import Inbox, ensure_task
-from tether.model import EmitReceipt, Event, Frame, Priority, Snapshot, Status, TaskRecord, new_id
+from tether.model import (
+    EmitReceipt,
+    Event,
+    Frame,
+    Priority,
+    Snapshot,
+    Status,
+    TaskRecord,
+    check_task_id,
+    new_id,
+)
 from tether.model import to_plain as _to_plain
-from tether.protocol import InterruptionProtocol, Rule
+from tether.protocol import RESERVED_EVENTS, InterruptionProtocol, Rule
+from tether.recovery import DECISIONS, call_awaiting_decision, in_doubt_message
 from tether.resources import ResourceKind, ResourceKinds
 from tether.runner import Runner
 from tether.settings import Settings
@@ -37,6 +53,8 @@ from tether.timers import Moment, due_time
 from tether.tools import RetryPolicy, Tool, ToolFn
 from tether.worker import Worker, new_worker_id, run_claimed
 
+CAPTURED_HEADS = 64
+"""Rollback targets this process keeps in memory for its own workers (oldest dropped first)."""
 Notifier = Callable[[dict[str, Any]], Awaitable[None] | None]
 A = TypeVar("A", bound=Agent)
 
@@ -89,6 +107,7 @@ class Harness:
         self.degraded: dict[str, Any] | None = None
         """Worker-wide degradation: every task this harness runs follows its fallback (R3)."""
         self.log = logging.getLogger("tether")
+        self._captured: dict[int, tuple[int, bytes]] = {}
 
     @property
     def store(self) -> Store:
@@ -155,23 +174,28 @@ class Harness:
     # ------------------------------------------------------------------ tasks and events
 
     async def submit(self, agent: str, input: Any = None, task_id: str | None = None, *,
-                     deadline: Moment | None = None, not_before: Moment | None = None) -> str:
+                     deadline: Moment | None = None, not_before: Moment | None = None,
+                     max_steps: int | None = None) -> str:
         """Create a task run by *agent*; it starts when a worker claims it.
 
         *not_before* schedules the start; *deadline* is when the whole task must be done
-        (both: seconds or a timedelta from now, or an aware datetime). A deadline that passes
-        fires ``task_timeout``, which stops the task as failed (E6).
+        (both: seconds or a timedelta from now, or an aware datetime, at most ten years
+        ahead). A deadline that passes fires ``task_timeout``, which stops the task as
+        failed (E6). *max_steps* overrides ``Settings.max_steps`` for this task.
         """
+        if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int)
+                                      or not 1 <= max_steps < 2**62):
+            raise InvalidInput(f"max_steps must be a positive integer, not {max_steps!r}")
         if agent not in self.agents:
             known = ", ".join(sorted(self.agents)) or "none"
             raise UnknownAgent(f"no agent {agent!r} is registered (known: {known})")
-        task_id = task_id or new_id()
+        task_id = new_id() if task_id is None else check_task_id(task_id)
         plain = _to_plain(input, self.settings.max_payload_bytes, "task input")
         now = time.time()
         start = due_time(not_before, "not_before", now)
         snap = Snapshot(task_id=task_id, agent=agent, input=plain, created_at=now,
                         stack=[Frame(agent=agent, input=plain)],
-                        deadline_at=due_time(deadline, "deadline", now))
+                        deadline_at=due_time(deadline, "deadline", now), max_steps=max_steps)
         record = TaskRecord(task_id, agent, Status.PENDING, now, now, 1)
         head, large = blobs.layered(snap.dumps(), self.settings.blob_threshold)
         await self.store.create_task(record, head, wake_at=start, blobs=large)
@@ -179,7 +203,19 @@ class Harness:
         return task_id
 
     async def emit(self, event: Event) -> EmitReceipt:
-        """Store an event durably and tell a local runner; returns once it is stored (R19)."""
+        """Store an event durably and tell a local runner; returns once it is stored (R19).
+
+        Levers (cancel, resume, rollback, decide) and the harness's own timers are refused
+        here: they have methods of their own, so whoever may send events (a webhook, a
+        stream) cannot steer a task."""
+        if event.type in RESERVED_EVENTS:
+            raise ReservedEventType(
+                f"event type {event.type!r} is a lever, not a message: use the harness's"
+                " resume/rollback/cancel/decide methods, the CLI, the console or the API's"
+                " dedicated routes")
+        return await self._deliver(event)
+
+    async def _deliver(self, event: Event) -> EmitReceipt:
         receipt, priority = await self.inbox.emit(event)
         runner = self.runners.get(event.task_id)
         if runner is not None and receipt.accepted:
@@ -190,22 +226,59 @@ class Harness:
 
     async def resume(self, task_id: str, message: str | None = None,
                      frame_patch: dict[str, Any] | None = None,
-                     source_event_id: str | None = None) -> EmitReceipt:
-        """Resume a paused, parked or failed task, optionally with a message or frame patch."""
-        payload = {"message": message, "frame_patch": frame_patch}
+                     source_event_id: str | None = None, *, by: str | None = None) -> EmitReceipt:
+        """Resume a paused, parked or failed task, optionally with a message or frame patch.
+
+        Refused (:class:`InDoubtCall`) while a side-effecting call's outcome is unknown: a
+        person must say what happened with :meth:`decide`, or it could be repeated blindly.
+        """
+        info = await self.get(task_id)
+        call = call_awaiting_decision(info.snapshot, self.tools)
+        if call is not None and not info.snapshot.status.is_terminal:
+            raise InDoubtCall(in_doubt_message(task_id, call))
+        payload = {"message": message, "frame_patch": frame_patch, "by": _who(by)}
         return await self._control(Event("resume", task_id, payload,
                                          source_event_id=source_event_id))
 
+    async def decide(self, task_id: str, outcome: str, result: Any = None, *,
+                     by: str | None = None) -> EmitReceipt:
+        """Settle a call whose outcome is unknown, on a person's word, and carry on.
+
+        *outcome* is ``happened`` (its *result* is recorded as the call's, nothing is run),
+        ``not_happened`` (it runs now, with the same idempotency key) or ``skip`` (it is
+        dropped; the agent sees it was skipped). The decision and *by* go into the dialog
+        and the recovery log.
+        """
+        if outcome not in DECISIONS:
+            raise InvalidInput(f"outcome must be one of {', '.join(DECISIONS)}, not {outcome!r}")
+        if result is not None and outcome != "happened":
+            raise InvalidInput(f"a result goes with 'happened' only, not with {outcome!r}")
+        info = await self.get(task_id)
+        call = info.snapshot.call
+        if call is None or call.status != "started" or info.snapshot.status.is_terminal:
+            raise IllegalTransition(f"task {task_id} has no call whose outcome is unknown;"
+                                    " there is nothing to decide (resume it instead)")
+        payload = {"outcome": outcome, "key": call.key, "by": _who(by),
+                   "result": _to_plain(result, self.settings.max_payload_bytes, "result")}
+        return await self._control(Event("decide", task_id, payload))
+
     async def rollback(self, task_id: str, version: int,
-                       redo_side_effects: bool = False) -> EmitReceipt:
-        """Roll a task back to a kept version (R14). Side effects are not redone unless asked (E4)."""
-        await ensure_task(self.store, task_id)
+                       redo_side_effects: bool = False, *, by: str | None = None) -> EmitReceipt:
+        """Roll a task back to a kept version (R14). Side effects are not redone unless asked (E4).
+
+        The event names the version only; the worker applying it loads that version from the
+        store. A worker in this process is also handed the head read now, so commits that
+        prune the version before it is applied cannot make the rollback fail.
+        """
+        await ensure_task(self.store, check_task_id(task_id))
+        if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version < 2**62:
+            raise InvalidInput(f"version must be a positive integer, not {version!r}")
         _, head = await self.store.load_head(task_id, version)  # large values stay referenced
         Snapshot.loads(await blobs.resolve(self.store, head, task_id, version), task_id,
                        version)  # a damaged version is refused here, by name
-        payload = {"version": version, "redo_side_effects": redo_side_effects,
-                   "head": orjson.loads(head)}
-        return await self._control(Event("rollback", task_id, payload))
+        payload = {"version": version, "redo_side_effects": redo_side_effects, "by": _who(by)}
+        event = Event("rollback", task_id, payload)
+        return await self._control(event, captured=(version, head))
 
     def degrade(self, detail: dict[str, Any] | str) -> None:
         """Degrade this whole worker (a model provider is down, say): each task it runs
@@ -223,13 +296,23 @@ class Harness:
         for runner in self.runners.values():
             runner.notify(2)
 
-    async def cancel(self, task_id: str) -> EmitReceipt:
-        return await self._control(Event("cancel", task_id))
+    async def cancel(self, task_id: str, *, by: str | None = None) -> EmitReceipt:
+        return await self._control(Event("cancel", task_id, {"by": _who(by)}))
 
-    async def _control(self, event: Event) -> EmitReceipt:
+    def captured_head(self, event_id: int, version: int) -> bytes | None:
+        """The head a rollback lever of this process read when it was asked, if still held."""
+        captured = self._captured.pop(event_id, None)
+        return captured[1] if captured is not None and captured[0] == version else None
+
+    async def _control(self, event: Event,
+                       captured: tuple[int, bytes] | None = None) -> EmitReceipt:
         """Deliver a control event, and apply it at once if no worker holds the task."""
-        await ensure_task(self.store, event.task_id)
-        receipt = await self.emit(event)
+        await ensure_task(self.store, check_task_id(event.task_id))
+        receipt = await self._deliver(event)
+        if captured is not None and receipt.outcome == "stored":
+            self._captured[receipt.event_id] = captured
+            while len(self._captured) > CAPTURED_HEADS:
+                del self._captured[next(iter(self._captured))]
         if event.task_id not in self.runners:
             claim = await self.store.claim_task(event.task_id, self.worker_id, time.time(),
                                                 self.settings.lease_seconds)
@@ -256,7 +339,7 @@ class Harness:
     # ------------------------------------------------------------------ reading
 
     async def get(self, task_id: str) -> TaskInfo:
-        record = await self.store.get_task(task_id)
+        record = await self.store.get_task(check_task_id(task_id))
         version, data = await blobs.load_head(self.store, task_id)
         return TaskInfo(record, version, Snapshot.loads(data, task_id, version))
 
@@ -267,14 +350,14 @@ class Harness:
 
     async def export(self, task_id: str) -> dict[str, Any]:
         """The handoff bundle of a task (R26)."""
-        return await export_bundle(self.store, task_id)
+        return await export_bundle(self.store, check_task_id(task_id))
 
     async def notify(self, task_id: str) -> None:
         """Export the bundle and call the notifier: someone has to look at this task."""
         bundle = await self.export(task_id)
         if self.bundle_dir is not None:
             self.bundle_dir.mkdir(parents=True, exist_ok=True)
-            (self.bundle_dir / f"{task_id}.json").write_bytes(dumps_bundle(bundle))
+            (self.bundle_dir / f"{check_task_id(task_id)}.json").write_bytes(dumps_bundle(bundle))
         if self.notifier is None:
             self.log.warning("task %s needs a person: %s", task_id, bundle["reason"])
             return
@@ -293,3 +376,12 @@ class Harness:
             await self._store.close()
             self._store = None
 
+
+
+def _who(by: str | None) -> str:
+    """Who pulled a lever, as the dialog and the recovery log record it."""
+    if by is None:
+        return "python"
+    if not isinstance(by, str) or not 0 < len(by) <= 200:
+        raise InvalidInput("by must be a short text naming who pulled the lever")
+    return by

@@ -42,8 +42,15 @@ def _v4_to_v5(raw: Raw) -> Raw:
     return raw
 
 
+def _v5_to_v6(raw: Raw) -> Raw:
+    """Format 6 bounds a runaway agent: a per-task step limit and where its budget began."""
+    raw.setdefault("max_steps", None)
+    raw.setdefault("budget_start", 0)
+    return raw
+
+
 MIGRATIONS: dict[int, Callable[[Raw], Raw]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4,
-                                               4: _v4_to_v5}
+                                               4: _v4_to_v5, 5: _v5_to_v6}
 """Format N -> N+1."""
 
 

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
+import re
 import time
+import types
+import typing
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,7 +26,7 @@ import orjson
 from tether.errors import CorruptSnapshot, IllegalTransition, InvalidInput, SnapshotTooNew
 from tether.migrations import upgrade
 
-SNAPSHOT_FORMAT = 5
+SNAPSHOT_FORMAT = 6
 """Bumped whenever the head's layout changes; stored in every snapshot. Older heads are
 upgraded on load by :mod:`tether.migrations`."""
 
@@ -47,7 +51,7 @@ class Status(enum.StrEnum):
 TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
 
 _TRANSITIONS: dict[Status, frozenset[Status]] = {
-    Status.PENDING: frozenset({Status.RUNNING, Status.CANCELLED}),
+    Status.PENDING: frozenset({Status.RUNNING, Status.CANCELLED, Status.NEEDS_HUMAN}),
     Status.RUNNING: frozenset(
         {
             Status.PAUSED,
@@ -101,6 +105,9 @@ def to_plain(value: Any, limit: int | None = None, what: str = "value") -> Any:
         encoded = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
     except TypeError as exc:
         raise InvalidInput(f"{what} is not JSON-serialisable ({exc}): {value!r:.200}") from exc
+    if b"null" in encoded and _has_non_finite(value):  # orjson writes NaN and inf as null
+        raise InvalidInput(f"{what} holds NaN or an infinity, which JSON cannot carry; send a"
+                           " number, null or a string")
     if limit is not None and len(encoded) > limit:
         raise InvalidInput(f"{what} is {len(encoded):,} bytes of JSON, over the limit of"
                            f" {limit:,} (Settings.max_payload_bytes); store large data elsewhere"
@@ -108,8 +115,32 @@ def to_plain(value: Any, limit: int | None = None, what: str = "value") -> Any:
     return orjson.loads(encoded)
 
 
+def _has_non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_has_non_finite(item) for item in value.values())
+    if isinstance(value, list | tuple):
+        return any(_has_non_finite(item) for item in value)
+    return False
+
+
 def new_id() -> str:
     return uuid.uuid4().hex[:16]
+
+
+TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+"""What a task id may be: 1-128 characters of letters, digits and ``. _ : -``, starting
+with a letter or digit. Ids become file names (bundles) and reach terminals and URLs."""
+
+
+def check_task_id(task_id: Any) -> str:
+    """*task_id* if it is a valid task id, else :class:`InvalidInput` saying what one is."""
+    if isinstance(task_id, str) and TASK_ID.fullmatch(task_id):
+        return task_id
+    shown = repr(task_id)[:40] if isinstance(task_id, str) else type(task_id).__name__
+    raise InvalidInput(f"task id {shown} is not valid: use 1-128 letters, digits, '.', '_', ':'"
+                       " or '-', starting with a letter or digit")
 
 
 # --------------------------------------------------------------------------- actions
@@ -325,6 +356,10 @@ class Snapshot:
     trace: dict[str, str] | None = None
     """The OpenTelemetry span of the task's latest run, so the next run (in any process)
     links to it."""
+    max_steps: int | None = None
+    """This task's own step limit (None: ``Settings.max_steps``)."""
+    budget_start: int = 0
+    """The step at which the current budget of steps began; a person's resume starts anew."""
     format: int = SNAPSHOT_FORMAT
 
     @property
@@ -353,26 +388,75 @@ def _check_not_newer(raw: Any, task_id: str, version: int) -> None:
     """Refuse a head written by newer code instead of mistaking it for damage (E8).
 
     Treating it as corrupt would fall back to an older version and lose work
-    during a rolling deploy; refusing leaves it for an up-to-date worker.
+    during a rolling deploy; refusing leaves it for an up-to-date worker. Only a
+    newer *format* says that: the format is bumped whenever the layout changes, so
+    a head of this format (or an older one) with fields nobody knows is damage.
     """
     if not isinstance(raw, dict):
         raise ValueError("snapshot head is not a JSON object")
     fmt = raw.get("format")
-    if isinstance(fmt, int) and fmt > SNAPSHOT_FORMAT:
+    if isinstance(fmt, int) and not isinstance(fmt, bool) and fmt > SNAPSHOT_FORMAT:
         raise SnapshotTooNew(f"task {task_id} version {version}: snapshot format {fmt} is newer"
                              f" than this tether understands ({SNAPSHOT_FORMAT}); upgrade the worker")
     if not isinstance(fmt, int) or fmt < 1:
         raise ValueError(f"unknown snapshot format {fmt!r}")
     upgrade(raw, SNAPSHOT_FORMAT)
-    unknown = set(raw) - _FIELDS[Snapshot]
-    for frame in raw.get("stack") or []:
-        unknown |= set(frame) - _FIELDS[Frame] if isinstance(frame, dict) else set()
-    for name, cls in (("call", CallState), ("recovery", RecoveryState)):
-        if isinstance(raw.get(name), dict):
-            unknown |= set(raw[name]) - _FIELDS[cls]
+    if raw.get("task_id") != task_id:
+        raise ValueError(f"the head names task {str(raw.get('task_id'))[:40]!r}")
+    _check_shape(Snapshot, raw, "head")
+    if not raw["stack"]:
+        raise ValueError("the task stack is empty")
+    for frame in raw["stack"]:
+        for entry in frame.get("agenda", ()):
+            if entry.get("kind") not in ACTION_KINDS:
+                raise ValueError(f"an agenda entry has no known kind: {entry.get('kind')!r:.40}")
+
+
+def _check_shape(cls: type[Any], raw: Any, where: str) -> None:
+    """A stored object has exactly the fields of *cls*, each of the declared type."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where} is not an object")
+    unknown = raw.keys() - _FIELDS[cls]
     if unknown:
-        raise SnapshotTooNew(f"task {task_id} version {version}: snapshot has fields this tether"
-                             f" does not know ({', '.join(sorted(unknown))}); upgrade the worker")
+        raise ValueError(f"{where} has fields no tether of this format writes:"
+                         f" {', '.join(sorted(unknown))[:200]}")
+    for name, fits in _CHECKS[cls]:
+        if name in raw and not fits(raw[name]):
+            hint = _HINTS[cls][name]
+            raise ValueError(f"{where}.{name} is {type(raw[name]).__name__}, which does not fit"
+                             f" {getattr(hint, '__name__', hint)}")
+
+
+Check = typing.Callable[[Any], bool]
+
+
+def _checker(hint: Any) -> Check:
+    """A test of whether a decoded JSON value fits a field's type hint, built once per field
+    (nested dataclasses are checked field by field too)."""
+    origin = typing.get_origin(hint)
+    if hint is Any or origin is dict:
+        return (lambda _: True) if hint is Any else (lambda v: isinstance(v, dict))
+    if origin is typing.Union or origin is types.UnionType:
+        options = [_checker(arg) for arg in typing.get_args(hint)]
+        return lambda v: any(fits(v) for fits in options)
+    if origin is list:
+        item = _checker(typing.get_args(hint)[0])
+        return lambda v: isinstance(v, list) and all(item(x) for x in v)
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return lambda v: isinstance(v, dict) and _shaped(hint, v)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        values = {member.value for member in hint}
+        return lambda v: isinstance(v, str) and v in values
+    if hint is float:
+        return lambda v: type(v) in (int, float)
+    if hint is int:
+        return lambda v: type(v) is int
+    return lambda v: isinstance(v, hint)
+
+
+def _shaped(cls: type[Any], raw: dict[str, Any]) -> bool:
+    _check_shape(cls, raw, cls.__name__)
+    return True
 
 
 def _snapshot_from_dict(raw: dict[str, Any]) -> Snapshot:
@@ -384,10 +468,12 @@ def _snapshot_from_dict(raw: dict[str, Any]) -> Snapshot:
     return Snapshot(**raw)
 
 
+_SHAPED = (Snapshot, Frame, CallState, RecoveryState, Resource)
 _FIELDS: dict[type[Any], set[str]] = {
-    cls: {f.name for f in dataclasses.fields(cls)}
-    for cls in (Snapshot, Frame, CallState, RecoveryState)
-}
+    cls: {f.name for f in dataclasses.fields(cls)} for cls in _SHAPED}
+_HINTS: dict[type[Any], dict[str, Any]] = {cls: typing.get_type_hints(cls) for cls in _SHAPED}
+_CHECKS: dict[type[Any], list[tuple[str, Check]]] = {
+    cls: [(name, _checker(hint)) for name, hint in _HINTS[cls].items()] for cls in _SHAPED}
 
 
 @dataclass(frozen=True)

@@ -37,14 +37,22 @@ class Rule:
     """Events of one task sharing a class inside the window collapse to the newest (R6, E2)."""
 
 
-CONTROL_EVENTS = frozenset({"cancel", "resume", "rollback"})
+CONTROL_EVENTS = frozenset({"cancel", "resume", "rollback", "decide"})
 """Events the harness itself acts on; agents see them only through their effects."""
+
+RESERVED_EVENTS = CONTROL_EVENTS | {"task_timeout", "timer"}
+"""Levers and the harness's own timers. Only the operator levers (the Harness methods, the
+CLI, the console, the API's dedicated routes) and the task's own loop may store them:
+``Harness.emit``, webhooks, the Redis Streams intake and the API's generic events route
+refuse them, so a caller that may send a message cannot cancel, resume, roll back or time
+out a task."""
 
 DEFAULT_RULES: Mapping[str, Rule] = {
     "user_interrupt": Rule(Priority.P0),
     "cancel": Rule(Priority.P0),
     "resume": Rule(Priority.P0),  # carries a person's message: never coalesced (E2)
     "rollback": Rule(Priority.P0),
+    "decide": Rule(Priority.P0),  # a person's word on a call in doubt: never coalesced
     "user_message": Rule(Priority.P1),
     "follow_up": Rule(Priority.P1),
     "amend": Rule(Priority.P1),

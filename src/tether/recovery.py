@@ -15,10 +15,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from tether import blobs, timers
-from tether.errors import TetherError
+from tether.errors import IllegalTransition, InDoubtCall, InvalidInput, TetherError, VersionNotFound
 from tether.failpoints import failpoint
 from tether.model import (
     CallState,
@@ -31,10 +29,15 @@ from tether.model import (
 from tether.tools import Tool, ToolContext, describe_error, failure_fingerprint
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from tether.runner import Runner
     from tether.store import Store
 
 log = logging.getLogger("tether.recovery")
+
+DECISIONS = ("happened", "not_happened", "skip")
+"""What a person may say about a call whose outcome is unknown."""
 
 
 def log_record(runner: Runner, strategy: str, event_id: int | None, detail: str) -> dict[str, Any]:
@@ -244,17 +247,31 @@ async def outcome_unknown(runner: Runner, tool: Tool, call: CallState, error: Ex
 
 async def unusable_result(runner: Runner, tool: Tool, call: CallState, raw: Any,
                           error: Exception) -> None:
-    """The tool ran but returned something that is not JSON: record that it ran, then stop.
+    """The tool ran but returned something tether cannot keep (not JSON, or too large):
+    record that it ran, then stop.
 
     Retrying would repeat a side effect that already happened, so the call is recorded as
-    succeeded with a description of the value, and a person is asked to fix the tool.
+    succeeded with a short description of the value, and a person is asked to fix the tool.
     """
-    marker = {"unserialisable_result": repr(raw)[:500]}
+    marker = {"unusable_result": repr(raw)[:500], "why": str(error)[:500]}
     runner.record_idempotency(call, "succeeded", result=marker)
     await runner.finish_call(call, marker, from_record=True, defer=True)
-    await hand_to_person(runner, f"tool {tool.name} returned a value that is not plain JSON"
-                         f" ({error}); its call is recorded as done and was not repeated;"
-                         " make the tool return plain data, then resume")
+    await hand_to_person(runner, f"{error}; the call is recorded as done and was not"
+                         f" repeated; make tool {tool.name} return plain data of a bounded size"
+                         " (store large data elsewhere and return a reference), then resume")
+
+
+async def over_step_limit(runner: Runner) -> bool:
+    """Whether the task has used its budget of steps; if so it goes to a person (a runaway
+    agent must not plan forever). A person's resume grants the same budget again."""
+    snap = runner.snap
+    limit = snap.max_steps or runner.settings.max_steps
+    if snap.step - snap.budget_start < limit:
+        return False
+    await hand_to_person(runner, f"the task took {snap.step - snap.budget_start} steps, its limit"
+                         f" (max_steps={limit}); look at what it is doing, then resume it for"
+                         f" {limit} more", strategy="step_limit")
+    return True
 
 
 async def _give_up(runner: Runner, call: CallState, fingerprint: str) -> None:
@@ -356,11 +373,90 @@ async def hand_to_person(runner: Runner, reason: str, strategy: str = "needs_hum
     await runner.commit()
 
 
+def call_awaiting_decision(snap: Snapshot, tools: Mapping[str, Tool]) -> CallState | None:
+    """The call in doubt that only a person can settle, if any.
+
+    In doubt means started with no known outcome. A tool that is idempotent or has a
+    reconcile hook settles itself; any other (or one no longer registered here) must not
+    run again until a person says what happened.
+    """
+    call = snap.call
+    if call is None or call.status != "started":
+        return None
+    tool = tools.get(call.tool)
+    if tool is not None and (tool.idempotent or tool.reconcile_fn is not None):
+        return None
+    return call
+
+
+def in_doubt_message(task_id: str, call: CallState) -> str:
+    """Why a plain resume is refused, and the three things a person can say instead."""
+    return (f"task {task_id}: the outcome of {call.tool}({_args_text(call)}) key={call.key} is"
+            " unknown, so a plain resume could repeat it. Say what happened instead:"
+            " 'happened' (give its result; it is not run again), 'not_happened' (it runs now"
+            " with the same idempotency key) or 'skip' (it is dropped). Python:"
+            f" harness.decide({task_id!r}, 'happened', result=...); CLI: tether decide"
+            f" {task_id} happened --result JSON; API: POST /api/tasks/{task_id}/decide;"
+            " or the console's task page.")
+
+
+async def human_decide(runner: Runner, event: Event) -> None:
+    """A person settles a call in doubt: it happened, it did not, or skip it (R10, R26)."""
+    snap = runner.snap
+    payload = event.payload if isinstance(event.payload, dict) else {}
+    outcome, by = payload.get("outcome"), str(payload.get("by") or "unknown")
+    call = snap.call
+    if outcome not in DECISIONS:
+        raise InvalidInput(f"decide needs an outcome of {', '.join(DECISIONS)}, not {outcome!r}")
+    if call is None or call.status != "started" or snap.status.is_terminal \
+            or payload.get("key") != call.key:
+        raise IllegalTransition(f"task {snap.task_id} has no call in doubt under key"
+                                f" {payload.get('key')!r}; nothing was decided")
+    runner.append_history({"role": "event", "type": "decide", "event_id": event.id, "content": {
+        "outcome": outcome, "by": by, "tool": call.tool, "key": call.key,
+        "result": payload.get("result")}})
+    snap.recovery = type(snap.recovery)()
+    snap.error = None
+    runner.mark_progress()
+    if snap.status is not Status.RUNNING:
+        runner.set_status(Status.RUNNING)
+    runner.log_recovery("human_decision", event.id, f"{by} said {call.tool} key={call.key}"
+                        f" {_DECIDED[outcome]}")
+    if outcome == "happened":
+        await runner.finish_call(call, to_plain(payload.get("result")))
+    elif outcome == "not_happened":
+        call.status = "planned"
+    else:
+        _skip_call(runner, call, by)
+
+
+_DECIDED = {"happened": "had happened; its result is recorded and it is not run again",
+            "not_happened": "never happened; it runs now with the same key",
+            "skip": "is to be skipped; it is dropped without running"}
+
+
+def _skip_call(runner: Runner, call: CallState, by: str) -> None:
+    """Drop a call in doubt: the agent sees it was skipped and plans on from there."""
+    snap = runner.snap
+    frame = snap.frame
+    skipped = {"tool": call.tool, "key": call.key, "skipped": True, "by": by}
+    runner.append_history({"role": "tool", "name": call.tool, "key": call.key, "skipped": True})
+    frame.last_tool_result = None
+    frame.last_tool_error = skipped
+    frame.agenda.pop(0)
+    frame.steps += 1
+    snap.step += 1
+    snap.call = None
+
+
 async def human_resume(runner: Runner, event: Event) -> None:
     """A person resumes a paused, waiting or parked task, optionally amending it."""
     snap = runner.snap
     assert event.id is not None
     payload = event.payload or {}
+    undecided = call_awaiting_decision(snap, runner.harness.tools)
+    if undecided is not None and not snap.status.is_terminal:
+        raise InDoubtCall(in_doubt_message(snap.task_id, undecided))
     amended = bool(payload.get("message") or payload.get("frame_patch"))
     if snap.status not in (Status.PAUSED, Status.NEEDS_HUMAN, Status.FAILED, Status.WAITING):
         if amended and snap.status is Status.RUNNING:
@@ -374,13 +470,15 @@ async def human_resume(runner: Runner, event: Event) -> None:
     _amend(runner, payload)
     snap.recovery = type(snap.recovery)()
     snap.error = None
+    snap.budget_start = snap.step
     runner.mark_progress()
     _settle_call_for_resume(runner, amended)
     if snap.frame.wait and snap.status is Status.WAITING:
         snap.frame.wait = None  # a person ends the wait; a paused task keeps its armed wait
         snap.frame.last_event = {"type": "resume", "payload": payload}
     runner.set_status(Status.RUNNING)
-    runner.log_recovery("human_resume", event.id, str(payload.get("message") or "resumed"))
+    runner.log_recovery("human_resume", event.id, f"resumed by {payload.get('by') or 'unknown'}"
+                        + (f": {payload['message']}" if payload.get("message") else ""))
     if snap.call is not None and snap.call.status == "started":
         await resolve_in_doubt(runner)  # reconcile (or re-run an idempotent call), never blind
 
@@ -438,19 +536,19 @@ async def rollback(runner: Runner, event: Event) -> None:
     if runner.snap.status is Status.CANCELLED:
         runner.log_recovery("rollback_refused", event.id, "the task was cancelled; cancel is final")
         return
-    payload = event.payload or {}
-    version = int(payload["version"])
+    payload = event.payload if isinstance(event.payload, dict) else {}
+    version = payload.get("version")
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version < 2**62:
+        raise InvalidInput(f"a rollback names a version number, not {version!r}")
     task_id = runner.snap.task_id
-    if "head" in payload:  # captured when the rollback was asked for, so pruning cannot race it
-        data = await blobs.resolve(runner.store, orjson.dumps(payload["head"]), task_id, version)
-    else:
-        _, data = await blobs.load_head(runner.store, task_id, version)
+    data = await _rollback_target(runner, event.id, version)
     old = Snapshot.loads(data, task_id, version)
     failpoint("during_rollback")
     epoch = await branch_history(runner.store, old)
     if payload.get("redo_side_effects"):
         old.key_salt = f"~redo{epoch}"
         _reopen_call(old)
+    timers.rearm_waits(old, time.time(), f"r{epoch}")
     old.recovery = type(old.recovery)()
     if old.status is Status.PENDING:
         old.status = Status.RUNNING
@@ -460,11 +558,28 @@ async def rollback(runner: Runner, event: Event) -> None:
     runner.snap = old
     history = await runner.store.read_history(task_id, old.history_segments)
     runner.history[:] = history[: old.history_len]
-    runner.log_recovery("rollback", event.id, f"rolled back to version {version}"
+    runner.log_recovery("rollback", event.id, f"rolled back to version {version} by"
+                        f" {payload.get('by') or 'unknown'}"
                         + (" (side effects will be redone)" if payload.get("redo_side_effects")
                            else ""))
     if old.call is not None and old.call.status == "started":
         await resolve_in_doubt(runner)
+
+
+async def _rollback_target(runner: Runner, event_id: int, version: int) -> bytes:
+    """The head to roll back to, always as the store has it (an event never carries state):
+    read now, or by this process's lever when it was asked (so pruning cannot race it)."""
+    task_id = runner.snap.task_id
+    captured = runner.harness.captured_head(event_id, version)
+    if captured is not None:
+        return await blobs.resolve(runner.store, captured, task_id, version)
+    try:
+        _, data = await blobs.load_head(runner.store, task_id, version)
+    except VersionNotFound:
+        raise VersionNotFound(f"task {task_id}: version {version} is no longer kept (pruned"
+                              " before the rollback was applied); roll back to a kept version"
+                              ) from None
+    return data
 
 
 def _reopen_call(snap: Snapshot) -> None:

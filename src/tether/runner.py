@@ -206,6 +206,8 @@ class Runner:
             await self.commit()
             return
         if not frame.agenda:
+            if await recovery.over_step_limit(self):
+                return
             try:
                 planned, scratch = await self.plan()
             except Preempted:
@@ -330,8 +332,9 @@ class Runner:
             self.append_history({"role": "system", "event": "spawn", "agent": action.agent,
                                  "depth": len(self.snap.stack) - 1})
         elif isinstance(action, Wait):
-            due = time.time() + action.timeout if action.timeout is not None else None
-            frame.wait = {"event_type": action.event_type, "due_at": due}
+            due = timers.due_time(action.timeout, f"timeout of a Wait for {action.event_type!r}")
+            frame.wait = {"event_type": action.event_type, "due_at": due,
+                          "timeout": action.timeout}
             if due is not None:  # the one id its timeout fires under (E6)
                 frame.wait["timer"] = f"timer:{frame.frame_id}:{frame.steps}"
             self.set_status(Status.WAITING)
@@ -410,7 +413,7 @@ class Runner:
             return
         failpoint("after_tool_before_commit")
         try:
-            result = to_plain(raw)
+            result = to_plain(raw, self.settings.max_result_bytes, f"result of tool {tool.name}")
         except InvalidInput as error:
             await recovery.unusable_result(self, tool, call, raw, error)
             return

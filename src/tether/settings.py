@@ -28,6 +28,14 @@ class Settings:
     """Largest event payload or task input accepted, as JSON (1 MiB). Larger data belongs in a
     resource or blob store the payload points to; a huge payload would be copied into every
     recovery bundle and history read."""
+    max_result_bytes: int = 4 << 20
+    """Largest tool result accepted, as JSON (4 MiB). A larger one is recorded as done (its
+    side effect happened) but not kept, and the task goes to a person naming the tool: the
+    result would be copied into the dialog, the idempotency table and every bundle."""
+    max_steps: int = 10_000
+    """Steps a task may take before it goes to a person naming this limit: a runaway agent
+    stops instead of running up a bill. Per task: ``submit(..., max_steps=)``; a person's
+    resume grants the same number again."""
     coalesce_window: float = 1.5
     keep_versions: int = 10
     lease_seconds: float = 15.0
@@ -56,7 +64,7 @@ class Settings:
     def __post_init__(self) -> None:
         for name in ("max_recovery_attempts", "checkpoint_every_steps", "inbox_capacity",
                      "keep_versions", "max_payload_bytes", "postgres_pool_size",
-                     "blob_threshold"):
+                     "blob_threshold", "max_result_bytes", "max_steps"):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"setting {name} must be at least 1")
         for name in ("recovery_timeout", "lease_seconds", "poll_interval", "drain_timeout",

@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 Moment = float | int | timedelta | datetime
 """Seconds from now, a timedelta from now, or a timezone-aware datetime."""
 
+MAX_AHEAD = 10 * 365 * 24 * 3600
+"""The furthest ahead a deadline or scheduled start may be: ten years, in seconds."""
+
 DEADLINE_APPLIES = frozenset({Status.RUNNING, Status.WAITING, Status.PAUSED})
 """A deadline stops a task that is working, waiting or paused; not one a person holds."""
 
@@ -46,12 +49,13 @@ def due_time(value: Moment | None, what: str, now: float | None = None) -> float
         if value.tzinfo is None:
             raise InvalidInput(f"{what}: a datetime needs a timezone (a naive one means a"
                                " different moment on each machine); use datetime.now(UTC) + ...")
-        return value.timestamp()
+        value = max(0.0, value.timestamp() - now)  # a moment already past is due at once
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidInput(f"{what} must be seconds from now, a timedelta or an aware datetime,"
                            f" not {type(value).__name__}")
-    if not math.isfinite(value) or value < 0:
-        raise InvalidInput(f"{what} must be a finite number of seconds from now >= 0, got {value!r}")
+    if not math.isfinite(value) or not 0 <= value <= MAX_AHEAD:
+        raise InvalidInput(f"{what} must be between 0 and {MAX_AHEAD:,} seconds (ten years) from"
+                           f" now, got {value!r}")
     return now + float(value)
 
 
@@ -59,6 +63,24 @@ def wait_timer_id(frame: Frame) -> str:
     """The one source id a wait's timeout fires under (its frame and step make it unique)."""
     wait = frame.wait or {}
     return str(wait.get("timer") or f"timer:{frame.frame_id}:{wait.get('due_at')!r}")
+
+
+def rearm_waits(snap: Snapshot, now: float, tag: str) -> None:
+    """Restart the timed waits of a snapshot being restored by a rollback, from *now*.
+
+    The rule: a wait that recorded its timeout runs it again in full; an older wait
+    without one times out at once. Either way it gets a timer id of its own, because the
+    old one may have fired already in the history rolled back, and would never fire
+    again: the task would wait forever while workers kept claiming it.
+    """
+    for frame in snap.stack:
+        wait = frame.wait
+        if not wait or wait.get("due_at") is None:
+            continue
+        timer = wait_timer_id(frame)
+        timeout = wait.get("timeout")
+        wait["due_at"] = now + float(timeout) if isinstance(timeout, int | float) else now
+        wait["timer"] = f"{timer}:{tag}"
 
 
 def overdue(snap: Snapshot) -> bool:

@@ -8,20 +8,17 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import orjson
-
 import tether as tt
 from tether.model import Status
 
 FAST = tt.Settings(poll_interval=0.01, recovery_backoff=0.001, lease_seconds=0.3,
                    keep_versions=50)
 
-
-async def _rollback_event(h: tt.Harness, task_id: str, version: int) -> tt.Event:
-    """A rollback lever as the CLI stores it, delivered through the inbox like any event."""
-    _, head = await h.store.load_head(task_id, version)
-    return tt.Event("rollback", task_id, {"version": version, "head": orjson.loads(head)})
-
+async def _store_rollback(h: tt.Harness, task_id: str, version: int) -> tt.EmitReceipt:
+    """A rollback lever stored in the inbox without being applied yet (the lever itself
+    applies it at once when no worker holds the task)."""
+    receipt, _ = await h.inbox.emit(tt.Event("rollback", task_id, {"version": version}))
+    return receipt
 
 async def test_r14_two_rollbacks_reaching_a_task_in_one_tick_are_each_applied_once() -> None:
     """R14: a completed task gets two rollback levers (to v1, then to v2) before any worker runs.
@@ -47,8 +44,8 @@ async def test_r14_two_rollbacks_reaching_a_task_in_one_tick_are_each_applied_on
     tid = await h.submit("job")
     await h.run_until_idle(timeout=5)
     assert (await h.get(tid)).record.status is Status.COMPLETED and charged == [0, 1, 2]
-    first = await h.emit(await _rollback_event(h, tid, 1))
-    second = await h.emit(await _rollback_event(h, tid, 2))
+    first = await _store_rollback(h, tid, 1)
+    second = await _store_rollback(h, tid, 2)
     assert first.accepted and second.accepted
 
     await h.run_until_idle(timeout=5)  # a livelock times out here
@@ -63,7 +60,6 @@ async def test_r14_two_rollbacks_reaching_a_task_in_one_tick_are_each_applied_on
     assert info.record.status is Status.COMPLETED and info.snapshot.result == 3
     assert charged == [0, 1, 2]
     await h.close()
-
 
 async def test_e2_a_message_arriving_as_the_task_goes_to_a_person_waits_for_their_resume() -> None:
     """E2 + R26: a user message is accepted while a tool runs; the tool's result then sends the

@@ -186,7 +186,7 @@ async def test_r26_slow_notifier_is_not_cancelled():
 async def test_r10_side_effect_returning_non_json_runs_once_and_asks_a_person():
     """R10 (r1): a side-effecting tool whose result cannot be stored (a Decimal) has already
     changed the world; it is recorded as run and not retried, and the task goes to a person
-    with a reason saying the value is not plain JSON."""
+    with a reason saying the value is not JSON."""
     h = tt.Harness("memory://", settings=fast_settings())
     calls: list[str] = []
 
@@ -207,7 +207,7 @@ async def test_r10_side_effect_returning_non_json_runs_once_and_asks_a_person():
     info = await h.get(tid)
     assert len(calls) == 1, calls
     assert info.record.status is tt.Status.NEEDS_HUMAN
-    assert "not plain JSON" in (info.record.reason or ""), info.record.reason
+    assert "not JSON-serialisable" in (info.record.reason or ""), info.record.reason
     records = await h.store.list_idempotency(tid)
     assert [r.status for r in records] == ["succeeded"]
     await h.close()
@@ -646,7 +646,7 @@ async def test_r26_a_rollback_lever_that_cannot_be_applied_is_marked_failed():
     async def sender() -> None:
         await asyncio.wait_for(in_tool.wait(), timeout=3)
         target["version"] = (await h.store.list_versions(tid))[0][0]
-        receipt = await h.emit(tt.Event("rollback", tid, {"version": target["version"]}))
+        receipt, _ = await h.inbox.emit(tt.Event("rollback", tid, {"version": target["version"]}))
         assert receipt.accepted
         release.set()
 

@@ -142,7 +142,7 @@ async def test_e6_a_reopened_finished_task_whose_claimer_died_is_claimed_again()
 
     tid = await h.submit("one")
     await h.run_until_idle(timeout=5)
-    await h.emit(tt.Event("rollback", tid, {"version": 1}))
+    await h.inbox.emit(tt.Event("rollback", tid, {"version": 1}))  # stored, not yet applied
     doomed = await h.store.claim("dies", time.time(), 0.1)
     assert doomed is not None and doomed.task_id == tid
     await asyncio.sleep(0.15)
@@ -191,7 +191,7 @@ async def test_r14_an_event_applied_in_the_same_tick_before_a_rollback_is_not_lo
     await h.run_until_idle(timeout=5)
     target = (await h.get(tid)).version
     await h.emit(tt.Event("user_interrupt", tid, {"note": "look at this"}))
-    await h.emit(tt.Event("rollback", tid, {"version": target}))
+    await h.inbox.emit(tt.Event("rollback", tid, {"version": target}))  # applied in one tick
     await h.run_until_idle(timeout=5)
     history = await h.history(tid)
     assert [e["content"] for e in history if e.get("type") == "user_interrupt"] == [

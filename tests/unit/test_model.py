@@ -165,9 +165,17 @@ def test_snapshot_round_trips() -> None:
 
 
 def test_minimal_snapshot_round_trips() -> None:
-    """R8: a fresh task's head (no call, empty stack) round-trips too."""
-    snap = Snapshot(task_id="t2", agent="echo", input=None, created_at=1.0)
+    """R8: a fresh task's head (no call, only its root frame) round-trips too."""
+    snap = Snapshot(task_id="t2", agent="echo", input=None, created_at=1.0,
+                    stack=[Frame(agent="echo")])
     assert Snapshot.loads(snap.dumps(), "t2", 1) == snap
+
+
+def test_a_head_with_an_empty_stack_is_damage() -> None:
+    """R8: every stored head has its root frame; one without is reported as damage."""
+    snap = Snapshot(task_id="t2", agent="echo", input=None, created_at=1.0)
+    with pytest.raises(CorruptSnapshot, match="stack is empty"):
+        Snapshot.loads(snap.dumps(), "t2", 1)
 
 
 @pytest.mark.parametrize(
@@ -243,8 +251,10 @@ def test_event_to_dict() -> None:
 
 
 def test_snapshot_from_newer_code_is_refused_not_treated_as_corrupt() -> None:
-    """E8: a head with a newer format or unknown fields raises SnapshotTooNew (not CorruptSnapshot),
-    so an old worker never falls back to an older version and loses a newer worker's work."""
+    """E8: a head with a newer format raises SnapshotTooNew (not CorruptSnapshot), so an old
+    worker never falls back to an older version and loses a newer worker's work. Unknown fields
+    in a head of this very format are damage, not newer code (the format is bumped whenever the
+    layout changes)."""
     import orjson as _orjson
 
     from tether.errors import SnapshotTooNew
@@ -257,5 +267,5 @@ def test_snapshot_from_newer_code_is_refused_not_treated_as_corrupt() -> None:
         Snapshot.loads(_orjson.dumps(newer), "t", 3)
     extra = _orjson.loads(snap.dumps())
     extra["stack"][0]["budget"] = 5
-    with pytest.raises(SnapshotTooNew, match="budget"):
+    with pytest.raises(CorruptSnapshot, match="budget"):
         Snapshot.loads(_orjson.dumps(extra), "t", 3)
