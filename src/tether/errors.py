@@ -100,3 +100,14 @@ class OutcomeUnknown(TetherError):
 
 class NotRetryable(TetherError):
     """Raise this from a tool to stop its retries: the failure will not go away by itself."""
+
+
+class StoreUnavailable(StoreError):
+    """The store is unavailable for now (a server restarting or unreachable, a connection
+    reset, a database lock held past the busy timeout, a serialization failure). A write is
+    all or nothing, as always; retrying later may succeed, and workers ride it out."""
+
+
+class CorruptStore(StoreError):
+    """The store's file or tables are damaged: run `tether check` to see what is affected,
+    and restore the store from a backup."""
