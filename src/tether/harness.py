@@ -45,7 +45,7 @@ from tether.model import to_plain as _to_plain
 from tether.protocol import RESERVED_EVENTS, InterruptionProtocol, Rule
 from tether.recovery import DECISIONS, call_awaiting_decision, in_doubt_message
 from tether.resources import ResourceKind, ResourceKinds
-from tether.runner import Runner
+from tether.runner import Runner, newest_readable
 from tether.settings import Settings
 from tether.store import Store, open_store
 from tether.telemetry import Telemetry
@@ -66,6 +66,8 @@ class TaskInfo:
     record: TaskRecord
     version: int
     snapshot: Snapshot
+    damaged: tuple[str, ...] = ()
+    """Newer versions that could not be read (shown instead: the newest readable one)."""
 
 
 class Harness:
@@ -340,8 +342,8 @@ class Harness:
 
     async def get(self, task_id: str) -> TaskInfo:
         record = await self.store.get_task(check_task_id(task_id))
-        version, data = await blobs.load_head(self.store, task_id)
-        return TaskInfo(record, version, Snapshot.loads(data, task_id, version))
+        version, snapshot, damaged, _ = await newest_readable(self.store, task_id)
+        return TaskInfo(record, version, snapshot, tuple(damaged))
 
     async def history(self, task_id: str) -> list[dict[str, Any]]:
         info = await self.get(task_id)

@@ -70,6 +70,27 @@ async def _complete_history(store: Store, snap: Snapshot, version: int) -> list[
     return history
 
 
+async def newest_readable(store: Store, task_id: str, with_history: bool = False
+                          ) -> tuple[int, Snapshot, list[str], list[dict[str, Any]]]:
+    """The newest version that reads back whole, why each newer one did not, and (with
+    *with_history*) its dialog; a version whose dialog rows are missing is unreadable too."""
+    version, data = await store.load_head(task_id)
+    skipped: list[str] = []
+    while True:
+        try:
+            snap = Snapshot.loads(await blobs.resolve(store, data, task_id, version), task_id,
+                                  version)
+            history = await _complete_history(store, snap, version) if with_history else []
+            return version, snap, skipped, history
+        except CorruptSnapshot as exc:
+            skipped.append(str(exc))
+            older = [v for v, _, _ in await store.list_versions(task_id) if v < version]
+            if not older:
+                raise CorruptSnapshot(f"task {task_id}: no readable snapshot is kept"
+                                      f" ({'; '.join(skipped)})") from exc
+            version, data = await store.load_head(task_id, older[-1])
+
+
 class Runner:
     """Runs one claimed task until it parks, finishes or loses its lease."""
 
@@ -103,22 +124,8 @@ class Runner:
     async def load(cls, harness: Harness, claim: Claim) -> Runner:
         """Load the newest readable snapshot, falling back past corrupt versions."""
         store = harness.store
-        version, data = await store.load_head(claim.task_id)
-        skipped: list[str] = []
-        while True:
-            try:
-                data = await blobs.resolve(store, data, claim.task_id, version)
-                snap = Snapshot.loads(data, claim.task_id, version)
-                history = await _complete_history(store, snap, version)
-                break
-            except CorruptSnapshot as exc:
-                skipped.append(str(exc))
-                older = [v for v, _, _ in await store.list_versions(claim.task_id) if v < version]
-                if not older:
-                    raise CorruptSnapshot(
-                        f"task {claim.task_id}: no readable snapshot is kept ({'; '.join(skipped)})"
-                    ) from exc
-                version, data = await store.load_head(claim.task_id, older[-1])
+        version, snap, skipped, history = await newest_readable(store, claim.task_id,
+                                                                with_history=True)
         if skipped:
             await recovery.branch_history(store, snap)
         runner = cls(harness, claim, snap, version, history)
