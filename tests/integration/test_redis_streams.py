@@ -117,6 +117,41 @@ async def test_r03_an_entry_that_cannot_be_an_event_goes_to_the_dead_letter_stre
     await h.close()
 
 
+async def test_r03_r26_levers_sent_over_the_stream_go_to_the_dead_letter_stream(
+        stream: tuple[str, str], tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """R3/R26: whoever can XADD to the intake may send messages, not levers: cancel, resume,
+    rollback, decide and the harness's timers are dead-lettered with the reason, and the task
+    is untouched."""
+    url, name = stream
+    h = approvals(f"sqlite:///{tmp_path / 's.db'}")
+    tid = await h.submit("gate")
+    await h.run_until_idle(timeout=5)
+    ingest = StreamIngest(h, url, stream=name, block=0.05)
+    await ingest._ensure_group()
+    client = aioredis.from_url(url)
+    levers = ["cancel", "resume", "rollback", "decide", "task_timeout", "timer"]
+    for lever in levers:
+        await client.xadd(name, {"event": tt_json({"type": lever, "task_id": tid,
+                                                   "payload": {"version": 1}})})
+    await ingest.step()
+    dead = await client.xrange(f"{name}:dead")
+    reasons = [fields[b"reason"].decode() for _, fields in dead]
+    assert [r.split("'")[1] for r in reasons] == levers
+    assert all("is a lever" in r for r in reasons)
+    assert await h.store.list_events(tid) == []
+    assert (await h.get(tid)).record.status is tt.Status.WAITING
+    assert await pending_count(url, name) == 0
+    await client.aclose()
+    await ingest.close()
+    await h.close()
+
+
+def tt_json(value: object) -> bytes:
+    import orjson
+
+    return orjson.dumps(value)
+
+
 async def test_r19_run_feeds_a_serving_worker_until_stopped(
         stream: tuple[str, str], tmp_path) -> None:  # type: ignore[no-untyped-def]
     """R19: ``StreamIngest.run`` beside ``Harness.serve`` (what ``tether worker --events`` does)."""
