@@ -8,6 +8,21 @@ write lock instead of failing with SQLITE_BUSY when a read upgrades.
 Calls run inline on the event loop rather than in a thread: a small commit
 costs ~0.2 ms, less than a hop to a worker thread and back, and no await
 point inside a transaction means no interleaving between coroutines.
+
+Faults (``sqlite_faults``): a write lock held by another process past the busy timeout is
+:class:`StoreUnavailable` (workers ride it out); a damaged file is :class:`CorruptStore`,
+naming the file and what to do, never a traceback or "no such task"; a file found damaged
+(checked at open when small, ``sqlite_integrity``, or met later) refuses every write.
+
+Time: one machine, one clock. Leases, due times and event windows are compared with the
+times each process reads from its own wall clock (``time.time()``). The processes sharing
+a SQLite file all run on one machine (SQLite's locking is not safe over a network
+filesystem), so they read the same clock and agree on every lease. If that clock is
+stepped (NTP, by hand), every process sees the step at once: a step forward by more than a
+lease makes held leases look expired, and another worker may take such a task over, which
+the lease's fencing token keeps safe (the old holder's writes are refused) at the cost of
+one counted recovery; a step back only makes leases last longer. For workers on several
+machines use PostgreSQL, where leases are judged by the database server's clock.
 """
 
 from __future__ import annotations
@@ -27,12 +42,12 @@ from tether.errors import (
     StoreError,
     TaskClosed,
     TaskExists,
-    TaskNotFound,
+    TetherError,
     VersionNotFound,
 )
 from tether.failpoints import failpoint
 from tether.model import EmitReceipt, Event, IdempotencyRecord, Status, TaskRecord
-from tether.store import sqlite_schema
+from tether.store import sqlite_integrity, sqlite_schema
 from tether.store.base import (
     Checkpoint,
     Claim,
@@ -41,6 +56,7 @@ from tether.store.base import (
     statuses_woken,
     stranded_wake,
 )
+from tether.store.sqlite_faults import Damage, guarded
 from tether.store.sqlite_group_commit import GroupCommit, write_transaction
 
 _TASK_COLUMNS = (
@@ -82,26 +98,32 @@ _OPEN_END = 1 << 62
 _FINISHED = ("completed", "failed", "cancelled")
 
 
+@guarded  # every public coroutine: sqlite3 errors become StoreUnavailable/CorruptStore/StoreError
 class SQLiteStore:
     """A :class:`tether.store.base.Store` on one SQLite database file (or ``:memory:``)."""
 
     def __init__(self, path: str, synchronous: str = "FULL", busy_timeout_ms: int = 10_000) -> None:
         self.path = path
+        self.damage = Damage(path)
         try:
             self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open SQLite store at {path!r}: {exc}") from exc
-        self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-        sqlite_schema.refuse_foreign_database(self._db, path)
-        if path != ":memory:":
-            self._db.execute("PRAGMA journal_mode = WAL")
-        self._db.execute(f"PRAGMA synchronous = {synchronous.upper()}")
-        sqlite_schema.create_or_upgrade(self._db, path)
+        sqlite_schema.prepare(self._db, path, synchronous, busy_timeout_ms, self.damage)
         self._group = GroupCommit(self._db, path)
 
     def _write(self) -> AbstractContextManager[sqlite3.Connection]:
         """One write transaction, taken with the write lock up front."""
+        self.damage.refuse_writes()
         return write_transaction(self._db, self.path)
+
+    def _missing(self, task_id: str, outcome: str = "") -> TetherError:
+        """TaskNotFound, unless damage may be what hides the task."""
+        return sqlite_integrity.missing(self._db, self.damage, task_id, outcome)
+
+    async def integrity_check(self) -> list[str]:
+        """What is wrong with the file and its tables (sqlite_integrity.problems); [] = fine."""
+        return sqlite_integrity.problems(self._db)
 
     def pragma(self, name: str) -> Any:
         """Read a PRAGMA (tests check the durability defaults with it)."""
@@ -131,7 +153,7 @@ class SQLiteStore:
             f"SELECT {_TASK_COLUMNS} FROM tasks WHERE task_id = ?", (task_id,)
         ).fetchone()
         if row is None:
-            raise TaskNotFound(f"no task {task_id!r} in store {self.path}")
+            raise self._missing(task_id)
         return _task_record(row)
 
     async def list_tasks(self, status: Status | None = None, limit: int = 1000) -> list[TaskRecord]:
@@ -162,6 +184,7 @@ class SQLiteStore:
         candidates = [task_id for task_id, _ in sorted(rows, key=lambda row: row[1])[:8]]
         if not candidates:
             return None
+        self.damage.refuse_writes()
         return await self._group.write(  # claims made together share a transaction
             lambda db: self._take_first(db, candidates, params, worker, lease))
 
@@ -180,7 +203,7 @@ class SQLiteStore:
                 "SELECT lease_until FROM tasks WHERE task_id = ?", (task_id,)
             ).fetchone()
             if row is None:
-                raise TaskNotFound(f"no task {task_id!r} in store {self.path}")
+                raise self._missing(task_id)
             if row[0] is not None and row[0] >= now:
                 return None
             return self._take(db, task_id, worker, now, lease)
@@ -205,7 +228,7 @@ class SQLiteStore:
             " WHERE task_id = ?", (claim.task_id,)
         ).fetchone()
         if row is None:
-            raise TaskNotFound(f"no task {claim.task_id!r} in store {self.path}")
+            raise self._missing(claim.task_id)
         if row[0] != claim.fence:
             raise LeaseLost(
                 f"task {claim.task_id}: lease fence {claim.fence} is stale (now {row[0]});"
@@ -242,6 +265,7 @@ class SQLiteStore:
     # ------------------------------------------------------------------ checkpoints
 
     async def commit(self, claim: Claim, checkpoint: Checkpoint, keep: int, lease_until: float) -> int:
+        self.damage.refuse_writes()
         return await self._group.write(
             lambda db: self._checkpoint(db, claim, checkpoint, keep, lease_until))
 
@@ -417,7 +441,7 @@ class SQLiteStore:
                 (task_id,),
             ).fetchone()
         if row is None:
-            raise TaskNotFound(f"no task {task_id!r} in store {self.path}")
+            raise self._missing(task_id)
         return int(row[0])
 
     # ------------------------------------------------------------------ events
@@ -474,7 +498,7 @@ class SQLiteStore:
     def _check_open(self, db: sqlite3.Connection, task_id: str, limits: InboxLimits) -> None:
         row = db.execute("SELECT status FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
         if row is None:
-            raise TaskNotFound(f"no task {task_id!r} in store {self.path}; the event was not stored")
+            raise self._missing(task_id, "; the event was not stored")
         status = Status(row[0])
         if status.is_terminal and status not in limits.reopens:
             raise TaskClosed(f"task {task_id} is {status.value}; the event was not stored")

@@ -15,6 +15,7 @@ caller is cancelled meanwhile (as a commit that had begun always was).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 from tether.errors import StoreError
+from tether.store.sqlite_faults import classify
 
 T = TypeVar("T")
 
@@ -30,26 +32,31 @@ T = TypeVar("T")
 def write_transaction(db: sqlite3.Connection, path: str) -> Iterator[sqlite3.Connection]:
     """One write transaction, taken with the write lock up front (BEGIN IMMEDIATE: a read
     that upgrades to a write would get SQLITE_BUSY despite the busy timeout). Every failure
-    rolls back and is a StoreError naming the file."""
+    rolls back and is a StoreError naming the file: StoreUnavailable when the lock was held
+    past the busy timeout, CorruptStore when the file is damaged (see sqlite_faults)."""
     try:
         db.execute("BEGIN IMMEDIATE")
-    except sqlite3.OperationalError as exc:
-        raise StoreError(f"SQLite store {path!r} is busy or unwritable: {exc}") from exc
+    except sqlite3.Error as exc:
+        raise classify(exc, path, "; nothing was written") from exc
     try:
         yield db
     except sqlite3.Error as exc:
-        db.execute("ROLLBACK")
-        raise StoreError(f"SQLite store {path!r}: {exc}; nothing was written") from exc
+        _roll_back(db)
+        raise classify(exc, path, "; nothing was written") from exc
     except BaseException:
-        db.execute("ROLLBACK")
+        _roll_back(db)
         raise
     try:
         db.execute("COMMIT")
     except sqlite3.Error as exc:
-        if db.in_transaction:
+        _roll_back(db)
+        raise classify(exc, path, "; it could not commit, nothing was written") from exc
+
+
+def _roll_back(db: sqlite3.Connection) -> None:
+    if db.in_transaction:
+        with contextlib.suppress(sqlite3.Error):  # a damaged file may fail this too
             db.execute("ROLLBACK")
-        raise StoreError(f"SQLite store {path!r} could not commit: {exc}; nothing was"
-                         " written") from exc
 
 
 @dataclass
@@ -106,7 +113,7 @@ class GroupCommit:
             db.execute("ROLLBACK TO checkpoint")
             db.execute("RELEASE checkpoint")
             if isinstance(exc, sqlite3.Error):
-                return StoreError(f"SQLite store {self._path!r}: {exc}; nothing was written")
+                return classify(exc, self._path, "; nothing was written")
             return exc
         db.execute("RELEASE checkpoint")
         return result

@@ -3,10 +3,13 @@ older layout in place. The SQL lives in ``sql/``."""
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from importlib import resources
 
-from tether.errors import StoreError
+from tether.errors import CorruptStore, StoreError
+from tether.store import sqlite_integrity
+from tether.store.sqlite_faults import DAMAGE, Damage, classify, damaged, what_to_do
 from tether.store.sqlite_group_commit import write_transaction
 
 SCHEMA_VERSION = "3"  # 2: the blob table (R20); 3: snapshots and history as rowid tables
@@ -16,15 +19,43 @@ def _sql(name: str) -> str:
     return resources.files("tether.store").joinpath(f"sql/{name}").read_text()
 
 
+def prepare(db: sqlite3.Connection, path: str, synchronous: str, busy_timeout_ms: int,
+            damage: Damage) -> None:
+    """Make a newly opened connection ready: refuse a foreign or newer file, check a small
+    one for damage (sqlite_integrity), then create or upgrade the schema. A damaged file is
+    only read from then on: nothing is written to it, not even the schema. On failure the
+    connection is closed and the error is a StoreError."""
+    try:
+        db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        refuse_foreign_database(db, path)
+        db.execute(f"PRAGMA synchronous = {synchronous.upper()}")
+        found = sqlite_integrity.check_at_open(db, path)
+        if found is not None:
+            damage.note(damaged(path, found))
+            return
+        if path != ":memory:":
+            db.execute("PRAGMA journal_mode = WAL")
+        create_or_upgrade(db, path)
+    except sqlite3.Error as exc:
+        db.close()
+        raise classify(exc, path) from exc
+    except StoreError:
+        db.close()
+        raise
+
+
 def refuse_foreign_database(db: sqlite3.Connection, path: str) -> None:
     """Refuse, before writing a byte, a file that is not a tether store (or a newer one)."""
     try:
         tables = {row[0] for row in db.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table'")}
-    except sqlite3.DatabaseError as exc:
+    except sqlite3.Error as exc:
         db.close()
-        raise StoreError(f"{path!r} is not a SQLite database ({exc}); nothing was"
-                         " written to it") from exc
+        if getattr(exc, "sqlite_errorcode", 0) & 0xFF not in DAMAGE:
+            raise classify(exc, path) from exc
+        raise CorruptStore(f"{path!r} is not a readable SQLite database ({exc}); nothing was"
+                           f" written to it. If it is your tether store, it is damaged:"
+                           f" {what_to_do(path)}") from exc
     if tables and "tether_meta" not in tables:
         db.close()
         raise StoreError(f"{path!r} is a SQLite database but not a tether store (it has"
@@ -34,18 +65,33 @@ def refuse_foreign_database(db: sqlite3.Connection, path: str) -> None:
 
 
 def create_or_upgrade(db: sqlite3.Connection, path: str) -> None:
-    """Bring the file to this schema: new tables are created, an older layout rebuilt."""
+    """Bring the file to this schema: new tables are created, an older layout rebuilt. A
+    file already at this schema is only read (so opening it needs no write lock, and a
+    damaged file is not written to by being opened)."""
+    if _is_current(db):
+        return
     _upgrade_layout(db, path)
     try:
         db.executescript(_sql("sqlite_schema.sql"))
     except sqlite3.Error as exc:
-        raise StoreError(f"SQLite store {path!r} is busy or unwritable: {exc}") from exc
+        raise classify(exc, path, "; the schema could not be created") from exc
     with write_transaction(db, path):
         db.execute("INSERT OR IGNORE INTO tether_meta (key, value) VALUES ('schema_version', ?)",
                    (SCHEMA_VERSION,))
         db.execute(  # an older store just gained the newer tables: it is this version now
             "UPDATE tether_meta SET value = ? WHERE key = 'schema_version'"
             " AND CAST(value AS INTEGER) < ?", (SCHEMA_VERSION, int(SCHEMA_VERSION)))
+
+
+def _is_current(db: sqlite3.Connection) -> bool:
+    """At this schema version, with every table and index the schema script creates."""
+    names = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+    if "tether_meta" not in names:
+        return False
+    row = db.execute("SELECT value FROM tether_meta WHERE key = 'schema_version'").fetchone()
+    wanted = re.findall(r"CREATE (?:UNIQUE )?(?:TABLE|INDEX) IF NOT EXISTS (\w+)",
+                        _sql("sqlite_schema.sql"))
+    return row is not None and row[0] == SCHEMA_VERSION and set(wanted) <= names
 
 
 def _upgrade_layout(db: sqlite3.Connection, path: str) -> None:

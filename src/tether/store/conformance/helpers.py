@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tether.model import Event, Snapshot, Status, TaskRecord
+from tether.model import Event, Frame, Snapshot, Status, TaskRecord
 from tether.store.base import Checkpoint, Claim, InboxLimits, Store
 
 LEASE = 30.0
@@ -37,6 +37,7 @@ def limits(
 def head(task_id: str, status: Status = Status.PENDING, step: int = 0, **extra: Any) -> bytes:
     """A real snapshot head for *task_id* (deterministic bytes for the same arguments)."""
     extra.setdefault("created_at", 1000.0)
+    extra.setdefault("stack", [Frame(agent="echo", input={"q": task_id}, frame_id="root")])
     return Snapshot(task_id=task_id, agent="echo", input={"q": task_id}, status=status, step=step,
                     **extra).dumps()
 
