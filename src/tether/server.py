@@ -1,25 +1,34 @@
 """The HTTP API (``tether serve``): read and steer tasks, and take signed webhooks (R3, R23, R26).
 
-Every route but ``/healthz`` needs a bearer token; a token is ``read`` (GET only) or
-``operator`` (may also submit, emit, resume, roll back, cancel). Webhooks are signed
-instead: ``POST /hooks/{source}`` carries ``X-Tether-Timestamp`` (Unix seconds) and
-``X-Tether-Signature: sha256=<hex HMAC-SHA256 of "<timestamp>.<body>" with the source's
-secret>``; a timestamp outside ``tolerance`` is refused, so a captured request cannot be
-replayed later, and the sender's ``id`` becomes the event's ``source_event_id``, so a
-retried delivery is stored once. Every accepted event is durable before the answer
-(``202``); a low-priority event refused by backpressure gets ``429`` with ``Retry-After``.
+**What is open.** Only ``GET /healthz`` and the console's sign-in page (``GET /console``);
+the console's other pages need its session (:mod:`tether.console`), and ``POST
+/hooks/{source}`` needs a valid signature instead of a token. Everything else, the
+OpenAPI schema at ``/openapi.json`` included, needs ``Authorization: Bearer <token>``;
+``/docs`` and ``/redoc`` are not served. A token is ``read`` (GET only) or ``operator`` (may
+also submit, emit, resume, roll back, cancel and decide), at least 16 bytes long, checked
+before any request body is read (:mod:`tether.web_security`, which also bounds bodies by
+the bytes received, refuses request-smuggling framing and limits failed credentials per
+client with ``429``).
 
-Errors are JSON (``{"error": "..."}``) with the status that fits, never a stack trace;
-request bodies are bounded; the server binds to 127.0.0.1 unless told otherwise.
+Webhooks are signed: ``POST /hooks/{source}`` carries ``X-Tether-Timestamp`` (Unix
+seconds) and ``X-Tether-Signature: sha256=<hex HMAC-SHA256 of "<timestamp>.<body>" with the
+source's secret>``; a timestamp outside ``tolerance`` (or not a finite number) is refused, so
+a captured request cannot be replayed later, and the sender's ``id`` becomes the event's
+``source_event_id``, so a retried delivery is stored once. Each source may send only the
+event types it is allowed, and never a lever (:mod:`tether.webhooks`). Every accepted event is
+durable before the answer (``202``); a low-priority event refused by backpressure gets
+``429`` with ``Retry-After``.
+
+Errors are JSON (``{"error": "..."}``) with the status that fits, never a stack trace nor a
+server file path; JSON bodies with NaN, Infinity or integers past 64 bits are refused
+(``422``); the server binds to 127.0.0.1 unless told otherwise.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -30,7 +39,10 @@ from tether.errors import (
     ConfigurationError,
     IllegalTransition,
     InboxFull,
+    InDoubtCall,
     InvalidInput,
+    ReservedEventType,
+    StoreUnavailable,
     TaskClosed,
     TaskExists,
     TaskNotFound,
@@ -41,68 +53,110 @@ from tether.errors import (
 )
 from tether.harness import Harness
 from tether.model import EmitReceipt, Event, Status
+from tether.protocol import RESERVED_EVENTS
+from tether.web_security import (
+    EdgeGuard,
+    FailureLimiter,
+    HTTPRefusal,
+    Role,
+    TokenTable,
+    client_of,
+    scrub_paths,
+    strict_json,
+    token_problem,
+)
+from tether.webhooks import WebhookSource, check_type, normalise, parse_sources, sign, verify
 
 try:
-    from fastapi import Depends, FastAPI, Header, Query, Request
+    from fastapi import FastAPI, Header, Query, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, Response
+    from fastapi.routing import APIRoute
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-    from pydantic import BaseModel, Field, ValidationError
+    from pydantic import BaseModel, Field, ValidationError, model_validator
     from starlette.exceptions import HTTPException as StarletteHTTPException
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ConfigurationError("the HTTP API needs FastAPI: pip install 'tether[server]'") from exc
 
+__all__ = ["STATUS_FOR", "ServerConfig", "WebhookSource", "create_app", "render_metrics", "sign"]
 log = logging.getLogger("tether.server")
-Role = Literal["read", "operator"]
 STATUS_FOR: dict[type[TetherError], int] = {
     TaskNotFound: 404, VersionNotFound: 404, UnknownAgent: 422, UnknownEventType: 422,
     InvalidInput: 422, TaskExists: 409, TaskClosed: 409, IllegalTransition: 409, InboxFull: 429,
+    ReservedEventType: 403, InDoubtCall: 409, StoreUnavailable: 503,
 }
+"""Any other TetherError is a 500 (its message scrubbed of paths); 503 comes with Retry-After."""
+LARGEST_VERSION = 1 << 62
+TEN_YEARS = 315_360_000
+"""The furthest a deadline or a start may be, in seconds from now."""
+NAME = 200
+TASK_ID = 128
+LEVER_ROUTES = {"cancel": "/cancel", "resume": "/resume", "rollback": "/rollback",
+                "decide": "/decide"}
 
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """Who may do what. Tokens map to a role; webhook sources map to their secret."""
+    """Who may do what. Tokens map to a role; webhook sources to their secret and types.
+
+    A source given as a bare secret may send any event type but the reserved levers.
+    Tokens shorter than 16 bytes are refused here, at start-up.
+    """
 
     tokens: Mapping[str, Role] = field(default_factory=dict)
-    webhook_secrets: Mapping[str, str] = field(default_factory=dict)
+    webhook_sources: Mapping[str, WebhookSource | str] = field(default_factory=dict)
     tolerance: float = 300.0
     """Seconds a webhook's timestamp may be away from now (replay protection)."""
     max_body: int = 1 << 20
+    failure_limit: int = 10
+    """Failed credentials a client may have within ``failure_window`` seconds before 429."""
+    failure_window: float = 60.0
+    session_ttl: float = 8 * 3600
+    """How long a console sign-in lasts (sessions also end when the server restarts)."""
+
+    def __post_init__(self) -> None:
+        for number, (token, role) in enumerate(self.tokens.items(), 1):
+            problem = token_problem(token) if isinstance(token, str) else "it is not text"
+            if problem is not None:
+                raise ConfigurationError(f"token {number} of {len(self.tokens)}: {problem}")
+            if role not in ("read", "operator"):
+                raise ConfigurationError(f"token {number} of {len(self.tokens)}: its role must"
+                                         " be read or operator")
+        object.__setattr__(self, "webhook_sources", normalise(self.webhook_sources))
+        if not (self.failure_limit >= 1 and self.failure_window > 0 and self.session_ttl > 0
+                and self.max_body >= 0 and self.tolerance >= 0):
+            raise ConfigurationError("failure_limit, failure_window, session_ttl, max_body"
+                                     " and tolerance must be positive")
 
     @classmethod
     def from_text(cls, tokens: str = "", secrets: str = "", **kwargs: Any) -> ServerConfig:
-        """``"token1:operator,token2:read"`` and ``"github:secret1,billing:secret2"``."""
+        """``"token1:operator,token2:read"`` and ``"github:s1:approval|upstream_ready,billing:s2"``."""
         parsed_tokens: dict[str, Role] = {}
-        for item in filter(None, (t.strip() for t in tokens.split(","))):
+        for number, item in enumerate(filter(None, (t.strip() for t in tokens.split(","))), 1):
             token, _, role = item.rpartition(":")
             if role not in ("read", "operator") or not token:
-                raise ConfigurationError(f"token entry {item[:4]}...: write token:read or"
+                raise ConfigurationError(f"token entry {number}: write token:read or"
                                          " token:operator")
             parsed_tokens[token] = role  # type: ignore[assignment]
-        parsed_secrets = {}
-        for item in filter(None, (s.strip() for s in secrets.split(","))):
-            source, _, secret = item.partition(":")
-            if not source or not secret:
-                raise ConfigurationError(f"webhook secret entry for {source!r}: write source:secret")
-            parsed_secrets[source] = secret
-        return cls(parsed_tokens, parsed_secrets, **kwargs)
+        return cls(parsed_tokens, parse_sources(secrets), **kwargs)
 
 
 class NewTask(BaseModel):
-    agent: str
+    agent: str = Field(min_length=1, max_length=NAME)
     input: Any = None
-    task_id: str | None = None
-    deadline: float | None = Field(None, description="seconds from now")
-    not_before: float | None = Field(None, description="seconds from now")
+    task_id: str | None = Field(None, min_length=1, max_length=TASK_ID)
+    deadline: float | None = Field(None, ge=0, le=TEN_YEARS, allow_inf_nan=False,
+                                   description="seconds from now")
+    not_before: float | None = Field(None, ge=0, le=TEN_YEARS, allow_inf_nan=False,
+                                     description="seconds from now")
 
 
 class NewEvent(BaseModel):
-    type: str
+    type: str = Field(min_length=1, max_length=NAME)
     payload: Any = None
     priority: int | None = Field(None, ge=0, le=4)
-    source_event_id: str | None = None
+    source_event_id: str | None = Field(None, min_length=1, max_length=NAME)
 
 
 class Resume(BaseModel):
@@ -111,172 +165,192 @@ class Resume(BaseModel):
 
 
 class Rollback(BaseModel):
-    version: int
+    version: int = Field(ge=1, le=LARGEST_VERSION)
     redo_side_effects: bool = False
 
 
+class Decide(BaseModel):
+    """What became of a side-effecting call whose outcome is unknown."""
+
+    outcome: Literal["happened", "not_happened", "skip"] = Field(description=(
+        "happened: record result as the call's and carry on; not_happened: run it now with"
+        " the same idempotency key; skip: drop it"))
+    result: Any = Field(None, description="the call's result (only with happened)")
+
+    @model_validator(mode="after")
+    def result_only_if_it_happened(self) -> Decide:
+        if self.outcome != "happened" and self.result is not None:
+            raise ValueError("a result goes only with the outcome happened")
+        return self
+
+
 class Hook(BaseModel):
-    id: str = Field(description="the sender's id for this delivery: a repeat is stored once")
-    type: str
-    task_id: str
+    id: str = Field(min_length=1, max_length=NAME,
+                    description="the sender's id for this delivery: a repeat is stored once")
+    type: str = Field(min_length=1, max_length=NAME)
+    task_id: str = Field(min_length=1, max_length=TASK_ID)
     payload: Any = None
 
 
-def sign(secret: str, timestamp: str, body: bytes) -> str:
-    """The signature a webhook sender puts in ``X-Tether-Signature``."""
-    digest = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
-    return "sha256=" + digest.hexdigest()
+class _StrictJSONRequest(Request):
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = strict_json(await self.body())
+        return self._json
+
+
+class _StrictJSONRoute(APIRoute):
+    """Routes whose JSON bodies refuse NaN, Infinity, huge integers and deep nesting (422)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def strict(request: Request) -> Response:
+            return await handler(_StrictJSONRequest(request.scope, request.receive))
+
+        return strict
 
 
 def create_app(harness: Harness, config: ServerConfig) -> FastAPI:
     """The API for one harness (its store, registries and levers)."""
-    app = FastAPI(title="tether", version="1", description=__doc__)
-    _install_guards(app, config)
-    auth = _Auth(config)
-    reader, operator = Depends(auth.require("read")), Depends(auth.require("operator"))
-
-    install_console(app, harness, config.tokens)
+    app = FastAPI(title="tether", version="1", description=__doc__, docs_url=None,
+                  redoc_url=None)
+    app.router.route_class = _StrictJSONRoute
+    limiter = FailureLimiter(config.failure_limit, config.failure_window)
+    app.add_middleware(EdgeGuard, tokens=TokenTable(config.tokens), limiter=limiter,
+                       max_body=config.max_body)
+    _install_errors(app)
+    install_console(app, harness, config.tokens, limiter, config.session_ttl)
+    sources: Mapping[str, WebhookSource] = config.webhook_sources  # type: ignore[assignment]
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/api/tasks", dependencies=[reader])
+    @app.get("/api/tasks")
     async def list_tasks(status: Status | None = None,
                          limit: int = Query(100, ge=1, le=1000)) -> dict[str, Any]:
         records = await harness.store.list_tasks(status, limit)
         return {"counts": await harness.store.count_by_status(),
                 "tasks": [_record(r) for r in records]}
 
-    @app.get("/api/tasks/{task_id}", dependencies=[reader])
+    @app.get("/api/tasks/{task_id}")
     async def get_task(task_id: str) -> dict[str, Any]:
         info = await harness.get(task_id)
         return {"task": _record(info.record), "version": info.version,
                 "snapshot": orjson.loads(info.snapshot.dumps())}
 
-    @app.get("/api/tasks/{task_id}/history", dependencies=[reader])
-    async def history(task_id: str, offset: int = Query(0, ge=0),
+    @app.get("/api/tasks/{task_id}/history")
+    async def history(task_id: str, offset: int = Query(0, ge=0, le=LARGEST_VERSION),
                       limit: int = Query(100, ge=1, le=1000)) -> dict[str, Any]:
         rows = await harness.history(task_id)
         return {"total": len(rows), "offset": offset, "rows": rows[offset:offset + limit]}
 
-    @app.get("/api/tasks/{task_id}/versions", dependencies=[reader])
+    @app.get("/api/tasks/{task_id}/versions")
     async def versions(task_id: str) -> list[dict[str, Any]]:
         await harness.store.get_task(task_id)
         return [{"version": v, "created_at": at, "bytes": size}
                 for v, at, size in await harness.store.list_versions(task_id)]
 
-    @app.get("/api/tasks/{task_id}/events", dependencies=[reader])
+    @app.get("/api/tasks/{task_id}/events")
     async def events(task_id: str) -> list[dict[str, Any]]:
         await harness.store.get_task(task_id)
         return [{**e.event.to_dict(), "status": e.status, "coalesce": e.coalesce}
                 for e in await harness.store.list_events(task_id)]
 
-    @app.get("/api/tasks/{task_id}/recovery", dependencies=[reader])
+    @app.get("/api/tasks/{task_id}/recovery")
     async def recovery_log(task_id: str) -> list[dict[str, Any]]:
         await harness.store.get_task(task_id)
         return await harness.store.list_recovery_log(task_id)
 
-    @app.get("/api/tasks/{task_id}/bundle", dependencies=[reader])
+    @app.get("/api/tasks/{task_id}/bundle")
     async def bundle(task_id: str) -> dict[str, Any]:
         return await harness.export(task_id)
 
-    @app.get("/metrics", dependencies=[reader])
+    @app.get("/metrics")
     async def metrics() -> Response:
         """Prometheus text format: this process's counters, and the store's gauges."""
         body = render_metrics(harness.counters, await harness.store.count_by_status(),
                               await harness.store.count_pending_events())
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/api/tasks", status_code=201, dependencies=[operator])
+    @app.post("/api/tasks", status_code=201)
     async def submit(body: NewTask) -> dict[str, str]:
         task_id = await harness.submit(body.agent, body.input, task_id=body.task_id,
                                        deadline=body.deadline, not_before=body.not_before)
         return {"task_id": task_id}
 
-    @app.post("/api/tasks/{task_id}/events", status_code=202, dependencies=[operator])
+    @app.post("/api/tasks/{task_id}/events", status_code=202)
     async def emit(task_id: str, body: NewEvent) -> dict[str, Any]:
+        """Any event of the protocol but the levers, which have routes of their own."""
+        if body.type in RESERVED_EVENTS:
+            route = LEVER_ROUTES.get(body.type)
+            raise HTTPRefusal(403, f"event type {body.type!r} is a lever: use POST"
+                                   f" /api/tasks/{{task_id}}{route}" if route else
+                              f"event type {body.type!r} is set by the harness itself (its"
+                              " timers and deadlines); it cannot be sent")
         return _receipt(await harness.emit(Event(body.type, task_id, body.payload, body.priority,
                                                  body.source_event_id)))
 
-    @app.post("/api/tasks/{task_id}/resume", status_code=202, dependencies=[operator])
-    async def resume(task_id: str, body: Resume) -> dict[str, Any]:
-        return await _lever(harness, task_id, harness.resume(task_id, body.message, body.patch))
+    @app.post("/api/tasks/{task_id}/resume", status_code=202)
+    async def resume(task_id: str, body: Resume, request: Request) -> dict[str, Any]:
+        return await _lever(harness, task_id, harness.resume(
+            task_id, body.message, body.patch, by=_by(request)))
 
-    @app.post("/api/tasks/{task_id}/rollback", status_code=202, dependencies=[operator])
-    async def rollback(task_id: str, body: Rollback) -> dict[str, Any]:
-        return await _lever(harness, task_id, harness.rollback(task_id, body.version,
-                                                               body.redo_side_effects))
+    @app.post("/api/tasks/{task_id}/decide", status_code=202)
+    async def decide(task_id: str, body: Decide, request: Request) -> dict[str, Any]:
+        """Say what became of a side-effecting call in doubt (the task is needs_human)."""
+        return await _lever(harness, task_id, harness.decide(
+            task_id, body.outcome, body.result, by=_by(request)))
 
-    @app.post("/api/tasks/{task_id}/cancel", status_code=202, dependencies=[operator])
-    async def cancel(task_id: str) -> dict[str, Any]:
-        return await _lever(harness, task_id, harness.cancel(task_id))
+    @app.post("/api/tasks/{task_id}/rollback", status_code=202)
+    async def rollback(task_id: str, body: Rollback, request: Request) -> dict[str, Any]:
+        return await _lever(harness, task_id, harness.rollback(
+            task_id, body.version, body.redo_side_effects, by=_by(request)))
+
+    @app.post("/api/tasks/{task_id}/cancel", status_code=202)
+    async def cancel(task_id: str, request: Request) -> dict[str, Any]:
+        return await _lever(harness, task_id, harness.cancel(task_id, by=_by(request)))
 
     @app.post("/hooks/{source}", status_code=202)
     async def webhook(source: str, request: Request,
                       x_tether_timestamp: str = Header(...),
                       x_tether_signature: str = Header(...)) -> dict[str, Any]:
+        """A signed delivery from a configured source (see the module)."""
+        sender = sources.get(source)
+        if sender is None:
+            raise HTTPRefusal(404, f"no webhook source {source[:NAME]!r} is configured")
         body = await request.body()
-        _verify(config, source, x_tether_timestamp, x_tether_signature, body)
-        hook = Hook.model_validate_json(body)
+        try:
+            verify(sender, x_tether_timestamp, x_tether_signature, body, config.tolerance,
+                   time.time())
+        except HTTPRefusal as refusal:
+            if "signature" in str(refusal):
+                limiter.failed(client_of(request.scope))
+            raise
+        try:
+            hook = Hook.model_validate(strict_json(body))
+        except ValueError as exc:
+            if isinstance(exc, ValidationError):
+                raise
+            raise HTTPRefusal(422, f"the webhook body is not JSON: {exc}") from None
+        check_type(source, sender, hook.type)
         return _receipt(await harness.emit(Event(hook.type, hook.task_id, hook.payload,
                                                  source_event_id=f"{source}:{hook.id}")))
 
     return app
 
 
-class _Auth:
-    def __init__(self, config: ServerConfig) -> None:
-        self.config = config
-
-    def require(self, role: Role) -> Callable[..., Awaitable[None]]:
-        async def check(authorization: str | None = Header(None)) -> None:
-            token = (authorization or "").removeprefix("Bearer ").strip()
-            granted = self.config.tokens.get(token) if token else None
-            if granted is None:
-                raise _HTTPError(401, "a valid bearer token is needed (Authorization: Bearer ...)")
-            if role == "operator" and granted != "operator":
-                raise _HTTPError(403, "this token may read but not change tasks")
-        return check
+def _by(request: Request) -> str:
+    """Who pulled a lever: set by the edge guard from the token (``api:`` and a short hash)."""
+    return str(request.state.tether_by)
 
 
-class _HTTPError(Exception):
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.headers = headers or {}
+def _install_errors(app: FastAPI) -> None:
+    """Every failure as JSON with a fitting status, never a traceback nor a server path."""
 
-
-def _verify(config: ServerConfig, source: str, timestamp: str, signature: str, body: bytes) -> None:
-    secret = config.webhook_secrets.get(source)
-    if secret is None:
-        raise _HTTPError(404, f"no webhook source {source!r} is configured")
-    if not hmac.compare_digest(sign(secret, timestamp, body), signature):
-        raise _HTTPError(401, "the webhook signature does not match its body and timestamp")
-    try:
-        age = abs(time.time() - float(timestamp))
-    except ValueError:
-        raise _HTTPError(401, "X-Tether-Timestamp must be Unix seconds") from None
-    if age > config.tolerance:
-        raise _HTTPError(401, f"the webhook timestamp is {age:.0f}s away from now (tolerance"
-                              f" {config.tolerance:.0f}s): a replay, or a clock to fix")
-
-
-def _install_guards(app: FastAPI, config: ServerConfig) -> None:
-    """Bounded bodies, and every failure as JSON with a fitting status, never a traceback."""
-
-    @app.middleware("http")
-    async def bound_body(request: Request, call_next: Callable[[Request], Awaitable[Response]]
-                         ) -> Response:
-        declared = request.headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > config.max_body):
-            return _json(413, f"request body over {config.max_body} bytes")
-        if declared is None and "chunked" in request.headers.get("transfer-encoding", ""):
-            return _json(411, "send a Content-Length: bodies of unknown size are not accepted")
-        return await call_next(request)
-
-    @app.exception_handler(_HTTPError)
-    async def http_error(_: Request, exc: _HTTPError) -> Response:
+    @app.exception_handler(HTTPRefusal)
+    async def refused(_: Request, exc: HTTPRefusal) -> Response:
         return _json(exc.status, str(exc), exc.headers)
 
     @app.exception_handler(ValidationError)
@@ -285,7 +359,7 @@ def _install_guards(app: FastAPI, config: ServerConfig) -> None:
                               ) -> Response:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}"
                              for e in exc.errors())
-        return _json(422, f"the request is not what this endpoint takes: {problems}")
+        return _json(422, scrub_paths(f"the request is not what this endpoint takes: {problems}"))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_exception(_: Request, exc: StarletteHTTPException) -> Response:
@@ -294,8 +368,11 @@ def _install_guards(app: FastAPI, config: ServerConfig) -> None:
     @app.exception_handler(TetherError)
     async def tether_error(_: Request, exc: TetherError) -> Response:
         status = next((code for kind, code in STATUS_FOR.items() if isinstance(exc, kind)), 500)
-        headers = {"Retry-After": "1"} if isinstance(exc, InboxFull) else None
-        return _json(status, str(exc), headers)
+        if status >= 500:
+            log.error("%s serving a request: %s", type(exc).__name__, exc)
+        headers = {"Retry-After": "1"} if isinstance(exc, InboxFull) else \
+            {"Retry-After": "5"} if status == 503 else None
+        return _json(status, scrub_paths(str(exc)), headers)
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, exc: Exception) -> Response:

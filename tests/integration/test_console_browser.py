@@ -19,6 +19,7 @@ import tether as tt
 from tether.server import ServerConfig, create_app
 
 CHROMIUM = "/usr/bin/chromium"
+TOKEN = "operator-token-0123456789abcdef"
 SHOTS = os.environ.get("TETHER_SCREENSHOTS")
 """Where to save the screenshots (``docs/img`` to refresh the README's); else a temp dir."""
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -57,7 +58,7 @@ async def console(tmp_path: Path) -> AsyncIterator[tuple[str, tt.Harness]]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(
-        create_app(harness, ServerConfig({"op": "operator"})), host="127.0.0.1", port=port,
+        create_app(harness, ServerConfig({TOKEN: "operator"})), host="127.0.0.1", port=port,
         log_level="error"))
     stop = asyncio.Event()
     tasks = [asyncio.create_task(server.serve()), asyncio.create_task(harness.serve(stop=stop))]
@@ -70,7 +71,7 @@ async def console(tmp_path: Path) -> AsyncIterator[tuple[str, tt.Harness]]:
     await harness.close()
 
 
-async def test_r26_a_person_resumes_a_parked_task_and_rolls_one_back_in_the_console(
+async def test_r26_a_person_decides_a_parked_call_and_rolls_the_task_back_in_the_console(
         console: tuple[str, tt.Harness], tmp_path: Path) -> None:
     playwright_api = pytest.importorskip("playwright.async_api")
     base, harness = console
@@ -84,7 +85,7 @@ async def test_r26_a_person_resumes_a_parked_task_and_rolls_one_back_in_the_cons
         browser = await pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         page = await browser.new_page(viewport={"width": 1280, "height": 800})
         await page.goto(f"{base}/console")
-        await page.fill("input[name=token]", "op")
+        await page.fill("input[name=token]", TOKEN)
         await page.click("button[type=submit]")
         row = page.locator("tr", has_text="invoice-acme")
         await row.locator(".s-needs_human").wait_for()
@@ -94,9 +95,13 @@ async def test_r26_a_person_resumes_a_parked_task_and_rolls_one_back_in_the_cons
 
         await row.locator("a").click()
         await page.wait_for_url(f"{base}/console/tasks/invoice-acme")
-        await page.fill("input[name=message]", "checked with the gateway: not sent, send it")
+        # the invoice is in doubt: the page asks what became of it instead of offering resume
+        assert await page.locator("input[name=message]").count() == 0
+        await page.check("input[name=outcome][value=not_happened]")  # checked: not sent
+        await page.screenshot(path=str(img / "console-decide.png"))
         async with page.expect_navigation():  # the form posts, then redirects back
-            await page.click("text=Resume")
+            await page.click("text=Decide")
+        await page.locator(".flash", has_text="decision sent").wait_for()
         for _ in range(100):
             if await page.locator("#status").inner_text() == "completed":
                 break
@@ -114,6 +119,11 @@ async def test_r26_a_person_resumes_a_parked_task_and_rolls_one_back_in_the_cons
         await page.locator(".flash", has_text="rollback sent").wait_for()
         after = int(await page.locator("#version").inner_text())
         assert after > before
+        async with page.expect_navigation():
+            await page.click("text=Sign out")
+        await page.locator("input[name=token]").wait_for()  # the session is over
+        await page.goto(f"{base}/console/tasks/invoice-acme")
+        assert await page.locator("input[name=token]").count() == 1
         await browser.close()
     info = await harness.get(parked)
     assert "rollback" in [r["resume_strategy"] for r in await harness.store.list_recovery_log(parked)]

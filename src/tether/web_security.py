@@ -1,0 +1,321 @@
+"""The HTTP edge's guard (issue 13): what every request meets before a route sees it.
+
+:class:`EdgeGuard` is a pure ASGI middleware in front of the API and the console. In order:
+
+1. **Framing.** A request carrying both ``Content-Length`` and ``Transfer-Encoding`` (the
+   shape of request smuggling), several ``Content-Length`` headers, or one that is not a
+   number, gets ``400``.
+2. **Failures, client by client.** A client (by IP address) whose credentials failed
+   ``limit`` times within ``window`` seconds gets ``429`` with ``Retry-After`` on every
+   route that takes a credential (the API, ``/metrics``, ``/openapi.json``, the console's
+   sign-in and the webhooks) until the oldest failure ages out; while limited, a credential
+   is not even looked at, so guessing learns nothing. Successes are never counted. The
+   record is in memory and bounded (:class:`FailureLimiter`): behind a reverse proxy, run
+   uvicorn with proxy headers from that proxy only, or every client shares its address.
+3. **Bearer token, before any body is read.** Every path but ``/healthz``, the console
+   (its own session cookies, :mod:`tether.console_sessions`) and the signed ``/hooks/``
+   needs ``Authorization: Bearer <token>`` (scheme in any case, one space, the token): the
+   token is compared in constant time with every configured one. ``GET``/``HEAD`` need a
+   ``read`` or ``operator`` token, anything else an ``operator`` token (``403``). New
+   routes are closed unless added to the open list here.
+4. **Body size, counted.** A declared ``Content-Length`` over the limit is ``413`` at once;
+   whatever the headers say, the bytes actually received are counted, and the request is
+   answered ``413`` as soon as they pass the limit (chunked bodies included). Before that
+   answer, up to one more limit's worth is read and dropped, so a client still sending
+   reads the ``413`` rather than a reset connection; the route never sees the body.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import math
+import re
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import orjson
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+Role = Literal["read", "operator"]
+TOKEN_MIN_BYTES = 16
+READ_METHODS = frozenset({"GET", "HEAD"})
+LARGEST_INT = (1 << 64) - 1
+"""JSON integers outside [-2**63, 2**64) are refused: the store cannot hold them."""
+
+
+class HTTPRefusal(Exception):
+    """A request refused with *status* and a message for the caller."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.headers = headers or {}
+
+
+# --------------------------------------------------------------------------- tokens
+
+
+def token_problem(token: str) -> str | None:
+    """Why *token* may not be an API token, without repeating it; None when it may."""
+    if len(token.encode()) < TOKEN_MIN_BYTES:
+        return (f"an API token must be at least {TOKEN_MIN_BYTES} bytes long (one given is"
+                f" {len(token.encode())}); make one with: openssl rand -hex 16")
+    if not token.isprintable() or any(c.isspace() for c in token):
+        return "an API token may not contain spaces or control characters"
+    return None
+
+
+def bearer_token(values: list[str]) -> str | None:
+    """The token of exactly one ``Authorization: Bearer <token>`` header, else None."""
+    if len(values) != 1:
+        return None
+    scheme, space, token = values[0].partition(" ")
+    if not space or scheme.lower() != "bearer" or not token or token != token.strip() \
+            or any(c.isspace() for c in token):
+        return None
+    return token
+
+
+class TokenTable:
+    """The configured tokens, matched in constant time against every one of them."""
+
+    def __init__(self, tokens: Mapping[str, Role]) -> None:
+        self._digests = [(hashlib.sha256(t.encode()).digest(), role) for t, role in tokens.items()]
+
+    def role_of(self, token: str | None) -> Role | None:
+        if token is None:
+            return None
+        digest = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
+        found: Role | None = None
+        for candidate, role in self._digests:  # no early exit: every token is compared
+            if hmac.compare_digest(candidate, digest):
+                found = role
+        return found
+
+
+def operator_id(prefix: str, token: str) -> str:
+    """Who pulled a lever, as recorded: the channel and a short hash, never the token."""
+    return f"{prefix}:{hashlib.sha256(token.encode()).hexdigest()[:8]}"
+
+
+# --------------------------------------------------------------------------- failures
+
+
+class FailureLimiter:
+    """Failed credentials per client in a sliding window, in bounded memory.
+
+    A client with ``limit`` failures younger than ``window`` seconds is refused until the
+    oldest of them ages out. At most ``max_clients`` clients are remembered: the one whose
+    last failure is oldest is forgotten first.
+    """
+
+    def __init__(self, limit: int = 10, window: float = 60.0, max_clients: int = 10_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit, self.window, self.max_clients, self.clock = limit, window, max_clients, clock
+        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._failures)
+
+    def failed(self, client: str) -> None:
+        times = self._failures.pop(client, None) or deque(maxlen=self.limit)
+        times.append(self.clock())
+        self._failures[client] = times
+        while len(self._failures) > self.max_clients:
+            self._failures.popitem(last=False)
+
+    def retry_after(self, client: str) -> int | None:
+        """Seconds until *client* may try again, or None when it is not limited."""
+        times = self._failures.get(client)
+        if times is None:
+            return None
+        now = self.clock()
+        while times and times[0] <= now - self.window:
+            times.popleft()
+        if not times:
+            del self._failures[client]
+            return None
+        if len(times) < self.limit:
+            return None
+        return max(1, math.ceil(times[0] + self.window - now))
+
+
+def client_of(scope: Scope) -> str:
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
+
+
+# --------------------------------------------------------------------------- the guard
+
+
+def takes_token(path: str) -> bool:
+    """Whether *path* needs a bearer token (everything but the open and self-guarded paths)."""
+    return not (path == "/healthz" or path == "/console" or path.startswith("/console/")
+                or path.startswith("/hooks/"))
+
+
+def takes_credential(path: str, method: str) -> bool:
+    """Whether a request to *path* presents a credential, so failures are limited there."""
+    return takes_token(path) or path.startswith("/hooks/") or (
+        path == "/console/login" and method == "POST")
+
+
+class EdgeGuard:
+    """Framing, failure limits, bearer tokens and counted body bytes (see the module)."""
+
+    def __init__(self, app: ASGIApp, tokens: TokenTable, limiter: FailureLimiter,
+                 max_body: int) -> None:
+        self.app, self.tokens, self.limiter, self.max_body = app, tokens, limiter, max_body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refusal = self._check(scope)
+        if refusal is not None:
+            await send_json(send, refusal.status, str(refusal), refusal.headers)
+            return
+        await self._bounded(scope, receive, send)
+
+    def _check(self, scope: Scope) -> HTTPRefusal | None:
+        headers: dict[bytes, list[str]] = {}
+        for name, value in scope["headers"]:
+            headers.setdefault(name.lower(), []).append(value.decode("latin-1"))
+        lengths = headers.get(b"content-length", [])
+        if lengths and b"transfer-encoding" in headers:
+            return HTTPRefusal(400, "a request may not carry both Content-Length and"
+                                    " Transfer-Encoding (the shape of request smuggling)")
+        if len(lengths) > 1 or (lengths and not lengths[0].isdigit()):
+            return HTTPRefusal(400, "Content-Length must be one number")
+        path, method = scope["path"], scope["method"]
+        if takes_credential(path, method):
+            wait = self.limiter.retry_after(client_of(scope))
+            if wait is not None:
+                return HTTPRefusal(429, "too many failed credentials from this client; try"
+                                        f" again in {wait}s", {"Retry-After": str(wait)})
+        if takes_token(path):
+            token = bearer_token(headers.get(b"authorization", []))
+            role = self.tokens.role_of(token)
+            if role is None or token is None:
+                self.limiter.failed(client_of(scope))
+                return HTTPRefusal(401, "a valid bearer token is needed (Authorization: Bearer"
+                                        " <token>)", {"WWW-Authenticate": "Bearer"})
+            if method not in READ_METHODS and role != "operator":
+                return HTTPRefusal(403, "this token may read but not change tasks")
+            scope.setdefault("state", {})["tether_by"] = operator_id("api", token)
+        if lengths and int(lengths[0]) > self.max_body:
+            return HTTPRefusal(413, f"request body over {self.max_body} bytes")
+        return None
+
+    async def _bounded(self, scope: Scope, receive: Receive, send: Send) -> None:
+        received, started, refused = 0, False, False
+
+        async def counted() -> Message:
+            nonlocal received, refused
+            message = await receive()
+            if message["type"] == "http.request" and not refused:
+                received += len(message.get("body", b""))
+                if received > self.max_body:
+                    refused = True
+                    if not started:
+                        await _drain(receive, message, self.max_body)
+                        await send_json(send, 413, f"request body over {self.max_body} bytes",
+                                        {"Connection": "close"})
+            return {"type": "http.disconnect"} if refused else message
+
+        async def watched(message: Message) -> None:
+            nonlocal started
+            if refused and not started:
+                return  # the 413 went out: whatever the app says after it is dropped
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, watched)
+        except Exception:
+            if not refused:
+                raise
+
+
+async def _drain(receive: Receive, last: Message, limit: int) -> None:
+    """Read and drop up to *limit* more body bytes before a 413 (kept nowhere), so a client
+    still sending a body a little too large reads the answer instead of a reset connection.
+    Past that, the connection is closed on whatever is left."""
+    dropped = 0
+    while last.get("more_body", False) and dropped <= limit:
+        last = await receive()
+        if last["type"] != "http.request":
+            return
+        dropped += len(last.get("body", b""))
+
+
+async def send_json(send: Send, status: int, message: str,
+                    headers: Mapping[str, str] | None = None) -> None:
+    """A JSON error answer straight on the ASGI channel."""
+    body = orjson.dumps({"error": message})
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+# --------------------------------------------------------------------------- bodies and messages
+
+
+def strict_json(data: bytes | str) -> Any:
+    """JSON as the standard says: no NaN or Infinity, finite numbers, integers the store can
+    hold, bounded nesting; anything else raises :class:`json.JSONDecodeError`."""
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    try:
+        return json.loads(text, parse_constant=_no_constant, parse_float=_finite,
+                          parse_int=_bounded_int)
+    except json.JSONDecodeError:
+        raise
+    except (ValueError, RecursionError) as exc:
+        message = str(exc) if isinstance(exc, ValueError) else "nested too deeply"
+        raise json.JSONDecodeError(message, text, 0) from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:20]} is out of range")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    value = int(text)
+    if not -(1 << 63) <= value <= LARGEST_INT:
+        raise ValueError(f"integer {text[:20]}... is out of range (64 bits)")
+    return value
+
+
+_PATH = re.compile(r"""(?<![^\s'"(=:\[{,])(?:[A-Za-z]:[\\/]|\\\\|/)[^\s'"()<>\[\]{},;:]+""")
+
+
+def scrub_paths(message: str) -> str:
+    """*message* with absolute file paths replaced by ``<path>`` (POSIX, Windows and UNC)."""
+    return _PATH.sub("<path>", message)
+
+
+def origin_of(url: str) -> str | None:
+    """``scheme://host[:port]`` of *url*, the default port left out; None if it has none."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    default = {"http": 80, "https": 443}[parts.scheme]
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{parts.scheme}://{host}" + (f":{port}" if port not in (None, default) else "")

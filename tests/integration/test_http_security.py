@@ -1,0 +1,638 @@
+"""Attacks on the HTTP edge (issue 13), each over real HTTP on loopback against a real store.
+
+uvicorn serves ``tether.server.create_app`` on a free port. Where a client library would tidy
+the request up (conflicting framing headers, ``..`` in a path, a hand-made Authorization
+header), the request is written byte for byte on a plain socket instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import socket
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import uvicorn
+
+import tether as tt
+from tether.errors import ConfigurationError
+from tether.server import ServerConfig, create_app, sign
+
+OPERATOR = "operator-token-0123456789abcdef"
+READER = "reader-token-0123456789abcdef"
+SECRET = "billing-secret-0123456789abcdef"
+TOKENS = {OPERATOR: "operator", READER: "read"}
+
+
+def app_harness(path: Path) -> tt.Harness:
+    """A gate that waits for an approval, and a biller whose first invoice is in doubt."""
+    h = tt.Harness(f"sqlite:///{path}", settings=tt.Settings(poll_interval=0.01))
+    sent: list[str] = []
+
+    @h.agent("gate")
+    class Gate(tt.Agent):
+        async def plan(self, t: tt.TaskView) -> tt.Action:
+            if t.last_event is None:
+                return tt.Reply("asking") if t.step == 0 else tt.Wait("approval")
+            return tt.Finish(t.last_event["payload"])
+
+    @h.tool(side_effect=True)
+    async def send_invoice(ctx: tt.ToolContext, customer: str) -> str:
+        sent.append(customer)
+        if len(sent) == 1:
+            raise tt.OutcomeUnknown("the mail gateway timed out after accepting the request")
+        return f"invoice sent to {customer}"
+
+    @h.agent("biller")
+    class Biller(tt.Agent):
+        async def plan(self, t: tt.TaskView) -> tt.Action:
+            if t.step == 0:
+                return tt.ToolCall("send_invoice", {"customer": t.input["customer"]})
+            return tt.Finish(t.last_tool_result)
+
+    return h
+
+
+@contextlib.asynccontextmanager
+async def serving(harness: tt.Harness, config: ServerConfig) -> AsyncIterator[int]:
+    """uvicorn on a free loopback port in this event loop; yields the port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    server = uvicorn.Server(uvicorn.Config(create_app(harness, config), host="127.0.0.1",
+                                           port=port, log_level="error"))
+    serve = asyncio.create_task(server.serve())
+    while not server.started:
+        if serve.done():
+            serve.result()
+            raise RuntimeError("uvicorn stopped before it started")
+        await asyncio.sleep(0.01)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        await serve
+
+
+Served = tuple[httpx.AsyncClient, tt.Harness, int]
+
+
+@pytest.fixture
+async def api(tmp_path: Path) -> AsyncIterator[Served]:
+    harness = app_harness(tmp_path / "api.db")
+    config = ServerConfig(TOKENS, {"billing": SECRET}, tolerance=300, max_body=1024)
+    async with serving(harness, config) as port, httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}") as client:
+        yield client, harness, port
+    await harness.close()
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def raw(port: int, request: bytes, local: str = "127.0.0.1"
+              ) -> tuple[int, dict[str, str], bytes]:
+    """Send *request* as it is on a fresh connection; the answer's status, headers and body."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(local, 0))
+    try:
+        writer.write(request)
+        await writer.drain()
+        head = await reader.readuntil(b"\r\n\r\n")
+        status_line, *lines = head.decode("latin-1").split("\r\n")
+        headers = {}
+        for line in filter(None, lines):
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
+        return int(status_line.split()[1]), headers, body
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+
+def chunked(body: bytes, size: int = 256) -> bytes:
+    parts = [b"%x\r\n%s\r\n" % (len(body[i:i + size]), body[i:i + size])
+             for i in range(0, len(body), size)]
+    return b"".join(parts) + b"0\r\n\r\n"
+
+
+def hook(body: dict[str, Any], timestamp: str | None = None, secret: str = SECRET
+         ) -> tuple[bytes, dict[str, str]]:
+    raw_body = orjson.dumps(body)
+    stamp = timestamp if timestamp is not None else str(int(time.time()))
+    return raw_body, {"X-Tether-Timestamp": stamp, "X-Tether-Signature": sign(secret, stamp, raw_body),
+                      "content-type": "application/json"}
+
+
+# --------------------------------------------------------------------------- 1. body limit
+
+
+async def test_both_content_length_and_transfer_encoding_are_refused_as_smuggling(api: Served
+                                                                                   ) -> None:
+    client, _, port = api
+    body = orjson.dumps({"agent": "gate", "task_id": "smuggled", "input": "x" * 3000})
+    for token in ("", OPERATOR):
+        header = f"Authorization: Bearer {token}\r\n" if token else ""
+        status, _, answer = await raw(port, (
+            "POST /api/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"{header}Content-Length: 20\r\nTransfer-Encoding: chunked\r\n\r\n").encode()
+            + chunked(body))
+        assert status == 400, answer
+        assert b"Content-Length" in answer and b"Transfer-Encoding" in answer
+    assert (await client.get("/api/tasks/smuggled", headers=auth(READER))).status_code == 404
+
+
+async def test_a_chunked_body_is_bounded_by_the_bytes_actually_read(api: Served) -> None:
+    client, _, port = api
+    head = ("POST /api/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {OPERATOR}\r\nTransfer-Encoding: chunked\r\n\r\n").encode()
+    over = orjson.dumps({"agent": "gate", "task_id": "big", "input": "x" * 3000})
+    status, _, answer = await raw(port, head + chunked(over))
+    assert status == 413 and b"1024 bytes" in answer
+    assert (await client.get("/api/tasks/big", headers=auth(READER))).status_code == 404
+    under = orjson.dumps({"agent": "gate", "task_id": "small", "input": "x" * 100})
+    status, _, answer = await raw(port, head + chunked(under, size=16))
+    assert status == 201, answer  # a chunked body within the limit is fine: it is counted
+    declared = await client.post("/api/tasks", content=b"x" * 2000, headers=auth(OPERATOR))
+    assert declared.status_code == 413
+
+
+# --------------------------------------------------------------------------- 2-4. tokens
+
+
+async def test_the_token_is_checked_before_the_body_is_read(api: Served) -> None:
+    client, _, _ = api
+    junk = {"content-type": "application/json"}
+    anonymous = await client.post("/api/tasks", content=b"{not json", headers=junk)
+    assert anonymous.status_code == 401, anonymous.text
+    reader = await client.post("/api/tasks", content=b"{not json", headers=dict(junk, **auth(READER)))
+    assert reader.status_code == 403, reader.text
+    too_big = await client.post("/api/tasks", content=b"x" * 5000, headers=junk)
+    assert too_big.status_code == 401
+
+
+@pytest.mark.parametrize(("header", "status"), [
+    (f"Bearer {READER}", 200), (f"bearer {READER}", 200), (f"BEARER {READER}", 200),
+    (READER, 401), (f"Basic {READER}", 401), ("Bearer", 401), ("Bearer ", 401),
+    (f"Bearer  {READER}", 401), (f"Bearer {READER} extra", 401), (f"Token {READER}", 401),
+    (f"Bearer {READER[:-1]}", 401), (f"Bearer {READER}x", 401),
+])
+async def test_the_authorization_header_is_exactly_bearer_and_a_token(
+        api: Served, header: str, status: int) -> None:
+    _, _, port = api
+    got, _, body = await raw(port, ("GET /api/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                    f"Authorization: {header}\r\nConnection: close\r\n\r\n").encode())
+    assert got == status, body
+
+
+def test_tokens_shorter_than_16_bytes_are_refused_at_start_up() -> None:
+    for tokens in ({"short-secret": "operator"}, {OPERATOR: "operator", "tiny": "read"}):
+        with pytest.raises(ConfigurationError) as refused:
+            ServerConfig(tokens)
+        assert "16" in str(refused.value)
+        assert "short-secret" not in str(refused.value) and "tiny" not in str(refused.value)
+    with pytest.raises(ConfigurationError) as refused:
+        ServerConfig.from_text("s3cr3t-value:operator")
+    assert "16" in str(refused.value) and "s3cr3t" not in str(refused.value)
+    with pytest.raises(ConfigurationError) as refused:
+        ServerConfig.from_text("s3cr3t-value-long-enough:admin")
+    assert "s3cr" not in str(refused.value)
+    assert ServerConfig.from_text(f"{OPERATOR}:operator").tokens == {OPERATOR: "operator"}
+
+
+# --------------------------------------------------------------------------- 5. rate limits
+
+
+async def test_failed_credentials_are_rate_limited_per_client(tmp_path: Path) -> None:
+    harness = app_harness(tmp_path / "limits.db")
+    config = ServerConfig(TOKENS, {"billing": SECRET}, failure_limit=10, failure_window=3600)
+    async with serving(harness, config) as port:
+        def get(token: str) -> bytes:
+            return (f"GET /api/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}"
+                    "\r\nConnection: close\r\n\r\n").encode()
+
+        for _ in range(20):  # successes are never counted
+            assert (await raw(port, get(READER)))[0] == 200
+        for _ in range(10):
+            assert (await raw(port, get("wrong-token-0123456789")))[0] == 401
+        status, headers, body = await raw(port, get("wrong-token-0123456789"))
+        assert status == 429 and int(headers["retry-after"]) > 0, body
+        # while limited, even the right token is not looked at: guessing learns nothing
+        assert (await raw(port, get(READER)))[0] == 429
+        # another client is not affected
+        assert (await raw(port, get(READER), local="127.0.0.2"))[0] == 200
+        login = (b"POST /console/login HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: http://127.0.0.1\r\n"
+                 b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 11\r\n"
+                 b"Connection: close\r\n\r\ntoken=wrong")
+        assert (await raw(port, login))[0] == 429
+        body_, hook_headers = hook({"id": "e1", "type": "approval", "task_id": "t1"},
+                                   secret="not-the-secret-0123456789")
+        hook_request = ("POST /hooks/billing HTTP/1.1\r\nHost: 127.0.0.1\r\n" + "".join(
+            f"{k}: {v}\r\n" for k, v in hook_headers.items())
+            + f"Content-Length: {len(body_)}\r\nConnection: close\r\n\r\n").encode() + body_
+        # sign-in failures and webhook signature failures count too, client by client
+        for _ in range(10):
+            assert (await raw(port, login, local="127.0.0.3"))[0] in (200, 401, 403)
+        assert (await raw(port, get(READER), local="127.0.0.3"))[0] == 429
+        for _ in range(10):
+            assert (await raw(port, hook_request, local="127.0.0.4"))[0] == 401
+        assert (await raw(port, hook_request, local="127.0.0.4"))[0] == 429
+    await harness.close()
+
+
+def test_the_failure_limiter_forgets_old_failures_and_bounds_its_memory() -> None:
+    from tether.web_security import FailureLimiter
+
+    now = [1000.0]
+    limiter = FailureLimiter(limit=3, window=60, max_clients=100, clock=lambda: now[0])
+    for _ in range(3):
+        assert limiter.retry_after("a") is None
+        limiter.failed("a")
+    assert limiter.retry_after("a") == 60
+    now[0] += 45
+    assert limiter.retry_after("a") == 15
+    now[0] += 15
+    assert limiter.retry_after("a") is None
+    for n in range(1000):
+        limiter.failed(f"client-{n}")
+    assert len(limiter) <= 100
+    assert limiter.retry_after("client-999") is None  # one failure is not a block
+    for _ in range(2):
+        limiter.failed("client-999")
+    assert limiter.retry_after("client-999") == 60
+
+
+# --------------------------------------------------------------------------- 6. console
+
+
+def csrf_of(html: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert found, html[:400]
+    return found.group(1)
+
+
+async def sign_in(client: httpx.AsyncClient, token: str, origin: str | None = None) -> httpx.Response:
+    page = await client.get("/console")
+    origin = origin or str(client.base_url).rstrip("/")
+    return await client.post("/console/login", data={"token": token, "csrf": csrf_of(page.text)},
+                             headers={"Origin": origin})
+
+
+async def test_the_console_session_cookie_is_not_the_token(api: Served) -> None:
+    client, _, _ = api
+    signed = await sign_in(client, OPERATOR)
+    assert signed.status_code == 303
+    cookie = signed.headers["set-cookie"]
+    assert OPERATOR not in cookie and "tether_session=" in cookie
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie.replace("strict", "Strict")
+    assert "Max-Age=28800" in cookie and "Secure" not in cookie
+    assert "Timeline" not in (await client.get("/console")).text
+    assert "Sign out" in (await client.get("/console")).text
+
+    behind_tls = httpx.AsyncClient(base_url=client.base_url,
+                                   headers={"X-Forwarded-Proto": "https"})
+    async with behind_tls:
+        page = await behind_tls.get("/console")
+        assert "Secure" in page.headers["set-cookie"]  # the sign-in form's cookie too
+        login_cookie = page.headers["set-cookie"].split(";")[0]  # httpx keeps Secure ones for https
+        secure = await behind_tls.post(
+            "/console/login", data={"token": OPERATOR, "csrf": csrf_of(page.text)},
+            headers={"Origin": f"https://{client.base_url.host}:{client.base_url.port}",
+                     "Cookie": login_cookie})
+        assert secure.status_code == 303 and "Secure" in secure.headers["set-cookie"]
+
+
+async def test_console_posts_need_the_same_origin_and_the_session_csrf_token(api: Served) -> None:
+    client, harness, _ = api
+    await harness.submit("gate", task_id="t1")
+    await harness.run_until_idle()
+    await sign_in(client, OPERATOR)
+    page = await client.get("/console/tasks/t1")
+    token = csrf_of(page.text)
+    origin = str(client.base_url).rstrip("/")
+    attempts = [
+        ({}, {}),  # a cross-site form with no Origin or Referer
+        ({"Origin": "http://evil.example"}, {"csrf": token}),
+        ({"Origin": "null"}, {"csrf": token}),
+        ({"Referer": "http://evil.example/page"}, {"csrf": token}),
+        ({"Origin": origin}, {}),
+        ({"Origin": origin}, {"csrf": "0" * len(token)}),
+    ]
+    for headers, form in attempts:
+        refused = await client.post("/console/tasks/t1/cancel", data=form, headers=headers)
+        assert refused.status_code == 403, (headers, form, refused.text)
+        assert (await harness.store.get_task("t1")).status is tt.Status.WAITING
+    done = await client.post("/console/tasks/t1/cancel", data={"csrf": token},
+                             headers={"Referer": f"{origin}/console/tasks/t1"})
+    assert done.status_code == 303
+    assert (await harness.store.get_task("t1")).status is tt.Status.CANCELLED
+    cross = await sign_in(client, OPERATOR, origin="http://evil.example")
+    assert cross.status_code == 403 and "set-cookie" not in cross.headers
+
+
+async def test_signing_out_ends_the_session(api: Served) -> None:
+    client, _, port = api
+    signed = await sign_in(client, READER)
+    session = signed.cookies["tether_session"]
+    token = csrf_of((await client.get("/console")).text)
+    out = await client.post("/console/logout", data={"csrf": token},
+                            headers={"Origin": str(client.base_url).rstrip("/")})
+    assert out.status_code == 303 and "Max-Age=0" in out.headers["set-cookie"]
+    status, _, body = await raw(port, ("GET /console HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                       f"Cookie: tether_session={session}\r\nConnection: close"
+                                       "\r\n\r\n").encode())
+    assert status == 200 and b"Sign in" in body  # the old cookie opens nothing any more
+
+
+def test_sessions_expire_and_are_bounded() -> None:
+    from tether.console_sessions import Sessions
+
+    now = [0.0]
+    sessions = Sessions(ttl=100, max_sessions=3, clock=lambda: now[0])
+    first = sessions.start("operator", "console:abc")
+    assert sessions.get(first.id) is first
+    now[0] = 99
+    assert sessions.get(first.id) is first
+    now[0] = 101
+    assert sessions.get(first.id) is None
+    ids = [sessions.start("read", "console:r").id for _ in range(5)]
+    assert len(sessions) <= 3 and sessions.get(ids[-1]) is not None
+    sessions.end(ids[-1])
+    assert sessions.get(ids[-1]) is None
+
+
+# --------------------------------------------------------------------------- 7. docs
+
+
+async def test_the_openapi_schema_needs_a_read_token_and_docs_pages_are_off(api: Served) -> None:
+    client, _, _ = api
+    assert (await client.get("/openapi.json")).status_code == 401
+    assert (await client.get("/openapi.json", headers=auth(READER))).json()["info"]["title"] == "tether"
+    for page in ("/docs", "/redoc", "/docs/oauth2-redirect"):
+        assert (await client.get(page)).status_code in (401, 404)
+        assert (await client.get(page, headers=auth(READER))).status_code == 404
+    assert (await client.get("/healthz")).status_code == 200
+    assert (await client.get("/console")).status_code == 200
+
+
+# --------------------------------------------------------------------------- 8. error bodies
+
+
+async def test_error_bodies_never_show_server_paths(tmp_path: Path) -> None:
+    db = tmp_path / "not-a-store.db"
+    db.write_bytes(b"this is not a SQLite database" * 100)
+    harness = app_harness(db)
+    async with serving(harness, ServerConfig(TOKENS)) as port, httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}") as client:
+        answer = await client.get("/api/tasks", headers=auth(READER))
+        assert answer.status_code >= 500
+        message = answer.json()["error"]
+        assert str(tmp_path) not in message and "<path>" in message, message
+    from tether.web_security import scrub_paths
+
+    assert scrub_paths('File "/usr/lib/python3.11/x.py", line 3') == 'File "<path>", line 3'
+    assert scrub_paths("store sqlite:///var/lib/t.db failed") == "store sqlite:<path> failed"
+    assert scrub_paths(r"at C:\Users\me\t.db: locked") == "at <path>: locked"
+    assert scrub_paths("task 'a/b' needs 1/2 of it") == "task 'a/b' needs 1/2 of it"
+
+
+# --------------------------------------------------------------------------- 9. webhooks
+
+
+@pytest.mark.parametrize("stamp", ["nan", "NaN", "inf", "-inf", "Infinity", "1e999", "-1e999",
+                                   "1e308", "", "1.7e9", "+1700000000", "0x10", "1_700_000_000"])
+async def test_a_webhook_timestamp_must_be_a_finite_time_near_now(api: Served, stamp: str) -> None:
+    client, harness, _ = api
+    await harness.submit("gate", task_id="t1")
+    body, headers = hook({"id": "evt-1", "type": "approval", "task_id": "t1"}, timestamp=stamp)
+    refused = await client.post("/hooks/billing", content=body, headers=headers)
+    assert refused.status_code == 401, refused.text
+    assert await harness.store.list_events("t1") == []
+
+
+async def test_a_webhook_cannot_pull_a_lever(api: Served) -> None:
+    client, harness, _ = api
+    await harness.submit("gate", task_id="t1")
+    await harness.run_until_idle()
+    for lever in ("cancel", "resume", "rollback", "decide", "task_timeout", "timer"):
+        body, headers = hook({"id": f"x-{lever}", "type": lever, "task_id": "t1", "payload": {}})
+        refused = await client.post("/hooks/billing", content=body, headers=headers)
+        assert refused.status_code == 403, refused.text
+        assert lever in refused.json()["error"] and "billing" in refused.json()["error"]
+    assert (await harness.store.get_task("t1")).status is tt.Status.WAITING
+    assert await harness.store.list_events("t1") == []
+    body, headers = hook({"id": "ok", "type": "approval", "task_id": "t1", "payload": 1})
+    assert (await client.post("/hooks/billing", content=body, headers=headers)).status_code == 202
+
+
+async def test_each_webhook_source_sends_only_the_types_it_is_allowed(tmp_path: Path) -> None:
+    from tether.server import WebhookSource
+
+    harness = app_harness(tmp_path / "hooks.db")
+    config = ServerConfig.from_text(f"{OPERATOR}:operator",
+                                    f"github:{SECRET}:approval|upstream_ready,billing:{SECRET}:*")
+    assert config.webhook_sources["github"] == WebhookSource(SECRET, frozenset({"approval",
+                                                                               "upstream_ready"}))
+    await harness.submit("gate", task_id="t1")
+    async with serving(harness, config) as port, httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}") as client:
+        body, headers = hook({"id": "1", "type": "user_message", "task_id": "t1"})
+        refused = await client.post("/hooks/github", content=body, headers=headers)
+        assert refused.status_code == 403
+        assert "user_message" in refused.json()["error"] and "github" in refused.json()["error"]
+        assert (await client.post("/hooks/billing", content=body, headers=headers)).status_code == 202
+        body, headers = hook({"id": "2", "type": "approval", "task_id": "t1"})
+        assert (await client.post("/hooks/github", content=body, headers=headers)).status_code == 202
+    await harness.close()
+    for text in (f"github:{SECRET}:approval|cancel", f"github:{SECRET}:timer"):
+        with pytest.raises(ConfigurationError, match="reserved"):
+            ServerConfig.from_text(f"{OPERATOR}:operator", text)
+    with pytest.raises(ConfigurationError, match="reserved"):
+        ServerConfig(TOKENS, {"x": WebhookSource(SECRET, frozenset({"resume"}))})
+    legacy = ServerConfig.from_text(f"{OPERATOR}:operator", f"billing:{SECRET}")
+    assert legacy.webhook_sources["billing"].secret == SECRET
+
+
+@pytest.mark.parametrize("field", ["id", "task_id", "type"])
+@pytest.mark.parametrize("value", ["", "x" * 5000, 12, None, ["a"]])
+async def test_webhook_ids_are_short_non_empty_strings(api: Served, field: str, value: Any) -> None:
+    client, harness, _ = api
+    await harness.submit("gate", task_id="t1")
+    event = {"id": "evt-1", "type": "approval", "task_id": "t1", field: value}
+    body, headers = hook(event)
+    refused = await client.post("/hooks/billing", content=body[:1000], headers=headers)
+    assert 400 <= refused.status_code < 500 and refused.status_code != 404, refused.text
+    assert await harness.store.list_events("t1") == []
+
+
+async def test_the_generic_events_route_refuses_levers_and_names_their_route(api: Served) -> None:
+    client, harness, _ = api
+    await harness.submit("gate", task_id="t1")
+    await harness.run_until_idle()
+    for lever, route in (("cancel", "/cancel"), ("resume", "/resume"), ("rollback", "/rollback"),
+                         ("decide", "/decide"), ("task_timeout", "harness"), ("timer", "harness")):
+        refused = await client.post("/api/tasks/t1/events", json={"type": lever, "payload": {}},
+                                    headers=auth(OPERATOR))
+        assert refused.status_code == 403, refused.text
+        assert route in refused.json()["error"]
+    assert (await harness.store.get_task("t1")).status is tt.Status.WAITING
+
+
+# --------------------------------------------------------------------------- 10. decide
+
+
+def operator_id(prefix: str, token: str) -> str:
+    import hashlib
+
+    return f"{prefix}:{hashlib.sha256(token.encode()).hexdigest()[:8]}"
+
+
+async def parked_invoice(harness: tt.Harness, task_id: str = "inv") -> None:
+    await harness.submit("biller", {"customer": "ACME"}, task_id=task_id)
+    await harness.run_until_idle()
+    info = await harness.get(task_id)
+    assert info.record.status is tt.Status.NEEDS_HUMAN and info.snapshot.call is not None
+    assert info.snapshot.call.status == "started"
+
+
+async def test_an_operator_decides_an_in_doubt_call_over_http(api: Served) -> None:
+    client, harness, _ = api
+    await parked_invoice(harness)
+    for bad in ({"outcome": "maybe"}, {"outcome": "skip", "result": 1}, {}, {"outcome": None}):
+        answer = await client.post("/api/tasks/inv/decide", json=bad, headers=auth(OPERATOR))
+        assert answer.status_code == 422, (bad, answer.text)
+    assert (await client.post("/api/tasks/inv/decide", json={"outcome": "skip"},
+                              headers=auth(READER))).status_code == 403
+    decided = await client.post("/api/tasks/inv/decide",
+                                json={"outcome": "happened", "result": "invoice 42 sent"},
+                                headers=auth(OPERATOR))
+    assert decided.status_code == 202, decided.text
+    await harness.run_until_idle()
+    info = await harness.get("inv")
+    assert info.record.status is tt.Status.COMPLETED and info.snapshot.result == "invoice 42 sent"
+    events = (await client.get("/api/tasks/inv/events", headers=auth(READER))).json()
+    by = [e["payload"].get("by") for e in events if e["type"] == "decide"]
+    assert by == [operator_id("api", OPERATOR)]
+    again = await client.post("/api/tasks/inv/decide", json={"outcome": "skip"},
+                              headers=auth(OPERATOR))
+    assert again.status_code == 409, again.text
+
+
+async def test_resume_records_who_pulled_it_without_the_token(api: Served) -> None:
+    client, harness, _ = api
+    await harness.submit("gate", task_id="t1")
+    await harness.run_until_idle()
+    await client.post("/api/tasks/t1/cancel", headers=auth(OPERATOR))
+    resumed = await client.post("/api/tasks/t1/resume", json={"message": "go on"},
+                                headers=auth(OPERATOR))
+    assert resumed.status_code in (202, 409), resumed.text
+    text = (await client.get("/api/tasks/t1/events", headers=auth(READER))).text
+    assert operator_id("api", OPERATOR) in text and OPERATOR not in text
+
+
+async def test_the_console_offers_the_three_decisions_for_an_in_doubt_call(api: Served) -> None:
+    client, harness, _ = api
+    await parked_invoice(harness)
+    await harness.submit("gate", task_id="plain")
+    await harness.run_until_idle()
+    await sign_in(client, OPERATOR)
+    assert 'action="/console/tasks/plain/decide"' not in (await client.get("/console/tasks/plain")).text
+    page = (await client.get("/console/tasks/inv")).text
+    assert 'action="/console/tasks/inv/decide"' in page
+    for outcome in ("happened", "not_happened", "skip"):
+        assert f'value="{outcome}"' in page
+    origin = {"Origin": str(client.base_url).rstrip("/")}
+    no_token = await client.post("/console/tasks/inv/decide", data={"outcome": "skip"},
+                                 headers=origin)
+    assert no_token.status_code == 403
+    bad_json = await client.post("/console/tasks/inv/decide", headers=origin, data={
+        "outcome": "happened", "result": "{not json", "csrf": csrf_of(page)})
+    assert bad_json.status_code == 303
+    assert (await harness.store.get_task("inv")).status is tt.Status.NEEDS_HUMAN
+    decided = await client.post("/console/tasks/inv/decide", headers=origin, data={
+        "outcome": "not_happened", "result": "", "csrf": csrf_of(page)})
+    assert decided.status_code == 303
+    await harness.run_until_idle()
+    info = await harness.get("inv")
+    assert info.record.status is tt.Status.COMPLETED
+    assert info.snapshot.result == "invoice sent to ACME"
+    events = await harness.store.list_events("inv")
+    assert [e.event.payload.get("by") for e in events if e.event.type == "decide"] == [
+        operator_id("console", OPERATOR)]
+
+
+# --------------------------------------------------------------------------- 11-12. inputs
+
+
+@pytest.mark.parametrize(("method", "path", "body"), [
+    ("POST", "/api/tasks/t1/rollback", {"version": 2**70}),
+    ("POST", "/api/tasks/t1/rollback", {"version": 2**63}),
+    ("POST", "/api/tasks/t1/rollback", {"version": 0}),
+    ("POST", "/api/tasks/t1/rollback", {"version": -(2**70)}),
+    ("POST", "/api/tasks/t1/events", {"type": "approval", "priority": 2**70}),
+    ("POST", "/api/tasks", {"agent": "gate", "deadline": 1e300}),
+    ("POST", "/api/tasks", {"agent": "gate", "not_before": -5}),
+    ("POST", "/api/tasks", {"agent": "gate", "input": 2**70}),
+    ("GET", f"/api/tasks/t1/history?offset={2**70}", None),
+    ("GET", f"/api/tasks?limit={2**70}", None),
+    ("GET", f"/console/tasks/t1/diff?a=1&b={2**70}", None),
+])
+async def test_integers_too_large_for_the_store_are_a_4xx(
+        api: Served, method: str, path: str, body: Any) -> None:
+    client, harness, _ = api
+    await harness.submit("gate", task_id="t1")
+    if path.startswith("/console"):
+        await sign_in(client, READER)
+    answer = await client.request(method, path, json=body, headers=auth(OPERATOR))
+    assert answer.status_code < 500, answer.text
+    if path.startswith("/api") and "history" not in path:
+        assert 400 <= answer.status_code < 500, answer.text
+
+
+@pytest.mark.parametrize("body", [
+    b'{"agent": "gate", "input": NaN}', b'{"agent": "gate", "input": [Infinity]}',
+    b'{"agent": "gate", "input": -Infinity}', b'{"agent": "gate", "deadline": NaN}',
+    b'{"agent": "gate", "not_before": Infinity}', b'{"agent": "gate", "input": 1e999}',
+    b'{"agent": "gate", "input": ' + b"[" * 400 + b"]" * 400 + b"}",
+])
+async def test_non_finite_numbers_in_a_json_body_are_refused(api: Served, body: bytes) -> None:
+    client, harness, _ = api
+    answer = await client.post("/api/tasks", content=body,
+                               headers=dict(auth(OPERATOR), **{"content-type": "application/json"}))
+    assert answer.status_code == 422, answer.text
+    assert await harness.store.list_tasks(None, 10) == []
+
+
+async def test_non_finite_numbers_in_a_webhook_are_refused(api: Served) -> None:
+    client, harness, _ = api
+    await harness.submit("gate", task_id="t1")
+    raw_body = b'{"id": "e1", "type": "approval", "task_id": "t1", "payload": NaN}'
+    stamp = str(int(time.time()))
+    answer = await client.post("/hooks/billing", content=raw_body, headers={
+        "X-Tether-Timestamp": stamp, "X-Tether-Signature": sign(SECRET, stamp, raw_body)})
+    assert answer.status_code == 422, answer.text
+    assert await harness.store.list_events("t1") == []
+
+
+@pytest.mark.parametrize("path", ["/api/tasks/..%2Fx", "/api/tasks/%2E%2E%2Fetc%2Fpasswd",
+                                  "/api/tasks/" + "a" * 300, "/api/tasks/a%00b",
+                                  "/api/tasks/a%0d%0ab/history", "/console/tasks/..%2Fx",
+                                  "/console/tasks/a%0d%0aSet-Cookie:x=1"])
+async def test_odd_task_ids_in_paths_are_a_4xx(api: Served, path: str) -> None:
+    client, _, port = api
+    signed = await sign_in(client, READER)
+    session = signed.cookies["tether_session"]
+    status, headers, body = await raw(port, (
+        f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {READER}\r\n"
+        f"Cookie: tether_session={session}\r\nConnection: close\r\n\r\n").encode())
+    assert 400 <= status < 500, body
+    assert "set-cookie" not in headers
