@@ -114,6 +114,9 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
         if role is None:
             limiter.failed(client)
             return sign_in_page(request, "That token is not valid", code=401)
+        previous = session_of(request)
+        if previous is not None:  # a new sign-in never keeps an old session id alive
+            sessions.end(previous.id)
         session = sessions.start(role, operator_id("console", token))
         answer = RedirectResponse("/console", 303)
         answer.set_cookie(SESSION_COOKIE, session.id, max_age=int(sessions.ttl),
@@ -241,7 +244,7 @@ async def _pretty(harness: Harness, task_id: str, version: int) -> list[str]:
 
 
 def _back(session: Session, task_id: str, message: str, error: bool) -> Response:
-    session.flash.append((message, error))
+    session.flash[:] = [*session.flash[-4:], (message[:500], error)]
     return RedirectResponse(f"/console/tasks/{quote(task_id, safe='')}", 303)
 
 

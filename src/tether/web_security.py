@@ -270,8 +270,9 @@ async def send_json(send: Send, status: int, message: str,
 def strict_json(data: bytes | str) -> Any:
     """JSON as the standard says: no NaN or Infinity, finite numbers, integers the store can
     hold, bounded nesting; anything else raises :class:`json.JSONDecodeError`."""
-    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    text = data if isinstance(data, str) else ""
     try:
+        text = data.decode() if isinstance(data, bytes) else data
         return json.loads(text, parse_constant=_no_constant, parse_float=_finite,
                           parse_int=_bounded_int)
     except json.JSONDecodeError:

@@ -43,6 +43,11 @@ def app_harness(path: Path) -> tt.Harness:
                 return tt.Reply("asking") if t.step == 0 else tt.Wait("approval")
             return tt.Finish(t.last_event["payload"])
 
+    @h.agent("quitter")
+    class Quitter(tt.Agent):
+        async def plan(self, t: tt.TaskView) -> tt.Action:
+            return tt.Fail("stuck") if t.step == 0 else tt.Finish("resumed")
+
     @h.tool(side_effect=True)
     async def send_invoice(ctx: tt.ToolContext, customer: str) -> str:
         sent.append(customer)
@@ -527,16 +532,22 @@ async def test_an_operator_decides_an_in_doubt_call_over_http(api: Served) -> No
     assert again.status_code == 409, again.text
 
 
-async def test_resume_records_who_pulled_it_without_the_token(api: Served) -> None:
+async def test_levers_record_who_pulled_them_without_the_token(api: Served) -> None:
     client, harness, _ = api
+    await harness.submit("quitter", task_id="q1")
+    await harness.run_until_idle()
+    assert (await harness.store.get_task("q1")).status is tt.Status.FAILED
+    resumed = await client.post("/api/tasks/q1/resume", json={"message": "go on"},
+                                headers=auth(OPERATOR))
+    assert resumed.status_code == 202, resumed.text
     await harness.submit("gate", task_id="t1")
     await harness.run_until_idle()
-    await client.post("/api/tasks/t1/cancel", headers=auth(OPERATOR))
-    resumed = await client.post("/api/tasks/t1/resume", json={"message": "go on"},
-                                headers=auth(OPERATOR))
-    assert resumed.status_code in (202, 409), resumed.text
-    text = (await client.get("/api/tasks/t1/events", headers=auth(READER))).text
-    assert operator_id("api", OPERATOR) in text and OPERATOR not in text
+    assert (await client.post("/api/tasks/t1/cancel", headers=auth(OPERATOR))).status_code == 202
+    pulled = [e for task in ("q1", "t1") for e in await harness.store.list_events(task)]
+    assert {(e.event.type, e.event.payload["by"]) for e in pulled} == {
+        ("resume", operator_id("api", OPERATOR)), ("cancel", operator_id("api", OPERATOR))}
+    text = (await client.get("/api/tasks/q1/events", headers=auth(READER))).text
+    assert OPERATOR not in text and READER not in text
 
 
 async def test_the_console_offers_the_three_decisions_for_an_in_doubt_call(api: Served) -> None:
@@ -603,6 +614,7 @@ async def test_integers_too_large_for_the_store_are_a_4xx(
     b'{"agent": "gate", "input": -Infinity}', b'{"agent": "gate", "deadline": NaN}',
     b'{"agent": "gate", "not_before": Infinity}', b'{"agent": "gate", "input": 1e999}',
     b'{"agent": "gate", "input": ' + b"[" * 400 + b"]" * 400 + b"}",
+    b'{"agent": "gate", "input": "\xff\xfe"}', b'{"agent": "gate", "input": 18446744073709551616}',
 ])
 async def test_non_finite_numbers_in_a_json_body_are_refused(api: Served, body: bytes) -> None:
     client, harness, _ = api
