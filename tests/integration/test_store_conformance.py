@@ -93,3 +93,30 @@ async def test_sqlite_synchronous_normal_from_settings(tmp_path: Path) -> None:
         assert str(store.pragma("journal_mode")).lower() == "wal"
     finally:
         await store.close()
+
+
+async def test_postgres_integrity_check_names_a_missing_head_and_a_missing_table(
+        pg_url: str) -> None:
+    """Issue 13: PostgreSQL's integrity_check names the task whose head row is gone, and a
+    tether table that is missing; it finds nothing in a sound store."""
+    import psycopg
+
+    from tether.store.conformance.helpers import make_task
+
+    store = open_store(pg_url)
+    try:
+        for name in ("t1", "t2"):
+            await make_task(store, name)
+        assert await store.integrity_check() == []
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("DELETE FROM snapshots WHERE task_id = 't2'")
+        assert await store.integrity_check() == ["task t2: its head row (version 1) is missing"]
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("ALTER TABLE blobs RENAME TO blobs_elsewhere")
+        try:
+            assert await store.integrity_check() == ["table blobs is missing"]
+        finally:
+            with psycopg.connect(pg_url, autocommit=True) as conn:
+                conn.execute("ALTER TABLE blobs_elsewhere RENAME TO blobs")
+    finally:
+        await store.close()

@@ -6,6 +6,10 @@ heads by version, append-only history, the event inbox (with a unique
 records. Everything a runner changes in one step goes through a single
 :meth:`Store.commit` call, which a backend must make atomic and fence-checked:
 a worker whose lease was taken over can never land a write.
+
+Failures are :class:`~tether.errors.StoreError`: :class:`~tether.errors.StoreUnavailable`
+for what may pass by itself (a server away, a lock held too long; workers ride it out),
+:class:`~tether.errors.CorruptStore` for damage (never reported as a missing task).
 """
 
 from __future__ import annotations
@@ -127,7 +131,12 @@ class Store(Protocol):
     async def claim(self, worker: str, now: float, lease: float,
                     busy: Collection[str] = ()) -> Claim | None:
         """Lease the next task that has work to do, or None; never one of *busy* (the tasks
-        this worker is still running, whose leases may have lapsed while it was slow)."""
+        this worker is still running, whose leases may have lapsed while it was slow).
+
+        *now* is the caller's wall clock. Due times are compared with it; a backend shared
+        by several machines judges leases by one clock of its own instead (PostgreSQL: the
+        server's), moving *now* and lease ends by the caller's offset from that clock, so
+        a worker whose clock is off holds its leases exactly as long as any other."""
 
     async def claim_task(self, task_id: str, worker: str, now: float, lease: float) -> Claim | None:
         """Lease one particular task if no live lease holds it."""
@@ -192,6 +201,13 @@ class Store(Protocol):
 
     async def migrate(self) -> list[str]:
         """Create or upgrade the schema now; returns the migrations applied (maybe none)."""
+
+    async def integrity_check(self) -> list[str]:
+        """Look for damage in the store itself; returns the problems found, one line each
+        (an empty list: nothing found). It covers the storage (SQLite: ``PRAGMA
+        integrity_check``; PostgreSQL: every tether table present at this schema) and that
+        every task's head row exists. It reads only, and it does not parse heads: a caller
+        checking every task also loads each head (``tether check``)."""
 
     async def close(self) -> None:
         """Release connections."""

@@ -17,16 +17,27 @@ pool. What PostgreSQL changes:
   rather than at the next poll.
 - The schema is created and upgraded by numbered migrations (``sql/postgres/NNNN_*.sql``),
   applied under an advisory lock by the first store that opens, or by ``tether migrate``.
+- Leases are judged by one clock, the database server's: a claim, a renewal, a release
+  with a hold and a commit set and compare ``lease_until`` against ``clock_timestamp()``
+  (``statement_timestamp()`` in a claim, so the partial index still serves it), never
+  against the wall clock of the worker asking. A time a caller passes for a lease is
+  translated by that caller's own clock (``until - time.time()`` seconds from the server's
+  now), so a worker whose clock runs 30 s behind holds its leases exactly as long as the
+  others. Due times (``wake_at``: timers, back-offs, scheduled starts) are still the wall
+  clock of the process that set them.
+- Faults (``postgres_faults``): a server restarting or unreachable is StoreUnavailable;
+  a broken connection makes the pool drop its idle connections that broke with it
+  (``pool.check()``), and the pool reconnects on demand.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
-from importlib import resources
 from typing import Any
 
 import orjson
@@ -59,11 +70,23 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ConfigurationError("the PostgreSQL store needs psycopg: pip install 'tether[postgres]'"
                              ) from exc
 
+# after the check above: these need psycopg too
+from tether.store import postgres_schema
+from tether.store.postgres_faults import (
+    classify,
+    connection_lost,
+    probe,
+    quiet_pool_log,
+)
+
 _TASK_COLUMNS = ("task_id, agent, status, created_at, updated_at, head_version, reason,"
                  " lease_owner, lease_until, wake_at")
 _OPEN = "('pending', 'running', 'waiting', 'paused', 'needs_human')"
 _FINISHED = ("completed", "failed", "cancelled")
-_FREE = "(lease_until IS NULL OR lease_until < %(now)s) AND task_id <> ALL(%(busy)s::text[])"
+# The server's clock, plus how far ahead of its own clock the caller's "now" was.
+_LEASE_NOW = "(date_part('epoch', statement_timestamp()) + %(ahead)s)"
+_CLOCK = "date_part('epoch', clock_timestamp())"
+_FREE = f"(lease_until IS NULL OR lease_until < {_LEASE_NOW}) AND task_id <> ALL(%(busy)s::text[])"
 _CLAIMABLE = f"""{_FREE} AND (
     (status IN {_OPEN} AND (lease_owner IS NOT NULL OR wake_at <= %(now)s
                             OR (status IN ('pending', 'running') AND wake_at IS NULL)))
@@ -75,7 +98,8 @@ WITH chosen AS (
      ORDER BY lease_owner IS NULL, COALESCE(wake_at, created_at) LIMIT 1
      FOR UPDATE SKIP LOCKED
 )
-UPDATE tasks t SET lease_owner = %(worker)s, lease_until = %(until)s, fence = t.fence + 1,
+UPDATE tasks t SET lease_owner = %(worker)s, lease_until = {_LEASE_NOW} + %(lease)s,
+       fence = t.fence + 1,
        crashes = t.crashes + CASE WHEN chosen.lease_owner IS NOT NULL
                                    AND chosen.status NOT IN {_FINISHED} THEN 1 ELSE 0 END
   FROM chosen WHERE t.task_id = chosen.task_id
@@ -85,19 +109,10 @@ RETURNING t.task_id, t.fence, t.crashes,
 _OPEN_END = 1 << 62
 _CHANNEL = "tether_work"
 """NOTIFY channel: a task was created or an event stored (sent when the transaction commits)."""
-_MIGRATIONS_LOCK = 0x7E7E_0001
-_MIGRATION_FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
+POOL_WAIT = 5.0
+"""Seconds a store call waits for a pool connection (and the pool keeps reconnecting before
+it gives up until asked again): an outage surfaces as StoreUnavailable within this."""
 
-
-def migrations() -> list[tuple[int, str, str]]:
-    """The shipped migrations as (number, file name, SQL), in order."""
-    folder = resources.files("tether.store").joinpath("sql/postgres")
-    found = []
-    for entry in folder.iterdir():
-        match = _MIGRATION_FILE.match(entry.name)
-        if match:
-            found.append((int(match.group(1)), entry.name, entry.read_text()))
-    return sorted(found)
 
 
 class PostgresStore:
@@ -110,9 +125,12 @@ class PostgresStore:
         # A worker frozen inside a transaction (GC, SIGSTOP) would hold its task's row lock, and
         # SKIP LOCKED would keep every other worker off the task; PostgreSQL ends such a
         # transaction after idle_tx_timeout, so the task can be taken over once its lease ends.
-        options = f"-c idle_in_transaction_session_timeout={int(idle_tx_timeout * 1000)}"
+        self._options = f"-c idle_in_transaction_session_timeout={int(idle_tx_timeout * 1000)}"
         self._pool = AsyncConnectionPool(url, min_size=min_size, max_size=max_size, open=False,
-                                         kwargs={"autocommit": True, "options": options})
+                                         timeout=POOL_WAIT, reconnect_timeout=POOL_WAIT,
+                                         kwargs={"autocommit": True, "options": self._options,
+                                                 "connect_timeout": 5})
+        quiet_pool_log()
         self._pool_open = False
         self._ready = False
         self._opening = asyncio.Lock()
@@ -127,39 +145,39 @@ class PostgresStore:
             if self._ready:
                 return
             await self._open_pool()
-            await self._apply_migrations()
+            try:
+                await self._apply_migrations()
+            except psycopg.Error as exc:
+                raise await self._fault(exc) from exc
             self._ready = True
 
     async def _open_pool(self) -> None:
+        """Open the pool once the server answers (a login it refuses is a configuration
+        error, a server away StoreUnavailable; the pool is not opened, so it can be later)."""
         if self._pool_open:
             return
-        try:
-            await self._pool.open(wait=True, timeout=10)
-        except (PoolTimeout, psycopg.Error) as exc:
-            raise StoreError(f"cannot reach PostgreSQL store {self.where}: {exc}") from exc
+        error = await probe(self.url, self.where, self._options)
+        if error is not None:
+            raise error
+        await self._pool.open(wait=False)
         self._pool_open = True
 
+    async def _fault(self, exc: psycopg.Error, outcome: str = "") -> StoreError:
+        """The StoreError for *exc* (postgres_faults). A pool with no connection to give is
+        asked why by connecting once; a broken connection makes the pool drop its idle
+        connections that broke with it, so the next call gets a fresh one."""
+        if isinstance(exc, PoolTimeout):
+            why = await probe(self.url, self.where, self._options)
+            return why or classify(exc, self.where, outcome)
+        if connection_lost(exc):
+            with contextlib.suppress(Exception):
+                await self._pool.check()
+            outcome = ""  # a commit may have landed before the connection broke
+        return classify(exc, self.where, outcome)
+
     async def _apply_migrations(self) -> list[str]:
-        applied: list[str] = []
         async with self._pool.connection() as conn, conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATIONS_LOCK,))
-            await conn.execute("CREATE TABLE IF NOT EXISTS tether_migrations ("
-                               " version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
-                               " applied_at DOUBLE PRECISION NOT NULL)")
-            cur = await conn.execute("SELECT COALESCE(MAX(version), 0) FROM tether_migrations")
-            current = (await cur.fetchone() or (0,))[0]
-            shipped = migrations()
-            newest = shipped[-1][0] if shipped else 0
-            if current > newest:
-                raise StoreError(f"PostgreSQL store {self.where} is at schema version {current},"
-                                 f" newer than this tether ({newest}); upgrade tether")
-            for number, name, sql in shipped:
-                if number > current:
-                    await conn.execute(sql.encode())
-                    await conn.execute("INSERT INTO tether_migrations VALUES (%s, %s, %s)",
-                                       (number, name, time.time()))
-                    applied.append(name)
-        return applied
+            return await postgres_schema.apply_migrations(conn, self.where)
 
     @asynccontextmanager
     async def _tx(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
@@ -169,7 +187,7 @@ class PostgresStore:
             async with self._pool.connection() as conn, conn.transaction():
                 yield conn
         except psycopg.Error as exc:
-            raise StoreError(f"PostgreSQL store {self.where}: {exc}; nothing was written") from exc
+            raise await self._fault(exc, "; nothing was written") from exc
 
     async def _rows(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
         await self._open()
@@ -178,7 +196,7 @@ class PostgresStore:
                 cur = await conn.execute(sql, params)
                 return await cur.fetchall()
         except psycopg.Error as exc:
-            raise StoreError(f"PostgreSQL store {self.where}: {exc}") from exc
+            raise await self._fault(exc) from exc
 
     async def _lock_task(self, conn: psycopg.AsyncConnection[Any], task_id: str,
                          columns: str = "status") -> tuple[Any, ...]:
@@ -242,15 +260,15 @@ class PostgresStore:
 
     async def claim(self, worker: str, now: float, lease: float,
                     busy: Collection[str] = ()) -> Claim | None:
-        return await self._take(_CLAIMABLE, {"now": now, "busy": list(busy), "worker": worker,
-                                             "until": now + lease})
+        return await self._take(_CLAIMABLE, {"now": now, "ahead": now - time.time(),
+                                             "busy": list(busy), "worker": worker, "lease": lease})
 
     async def claim_task(self, task_id: str, worker: str, now: float, lease: float) -> Claim | None:
         await self.get_task(task_id)
-        return await self._take("task_id = %(task_id)s AND (lease_until IS NULL"
-                                " OR lease_until < %(now)s)",
-                                {"now": now, "task_id": task_id, "worker": worker,
-                                 "until": now + lease})
+        return await self._take(f"task_id = %(task_id)s AND (lease_until IS NULL"
+                                f" OR lease_until < {_LEASE_NOW})",
+                                {"ahead": now - time.time(), "task_id": task_id,
+                                 "worker": worker, "lease": lease})
 
     async def _take(self, where: str, params: dict[str, Any]) -> Claim | None:
         async with self._tx() as conn:
@@ -263,15 +281,15 @@ class PostgresStore:
     async def renew(self, claim: Claim, until: float) -> None:
         async with self._tx() as conn:
             await self._check_fence(conn, claim)
-            await conn.execute("UPDATE tasks SET lease_until = %s WHERE task_id = %s",
-                               (until, claim.task_id))
+            await conn.execute(f"UPDATE tasks SET lease_until = {_CLOCK} + %s WHERE task_id = %s",
+                               (until - time.time(), claim.task_id))
 
     async def release(self, claim: Claim, hold_until: float | None = None) -> None:
         async with self._tx() as conn:
             await self._check_fence(conn, claim)
-            await conn.execute("UPDATE tasks SET lease_owner = NULL, lease_until = %s,"
-                               " fence = fence + 1 WHERE task_id = %s",
-                               (hold_until, claim.task_id))
+            hold = None if hold_until is None else hold_until - time.time()
+            await conn.execute(f"UPDATE tasks SET lease_owner = NULL, lease_until = {_CLOCK} + %s,"
+                               " fence = fence + 1 WHERE task_id = %s", (hold, claim.task_id))
 
     async def set_status(self, claim: Claim, status: Status, reason: str | None,
                          wake_at: float | None = None) -> None:
@@ -301,9 +319,10 @@ class PostgresStore:
             await _write_rows(conn, task_id, checkpoint, now)
             await conn.execute(
                 "UPDATE tasks SET status = %s, updated_at = %s, head_version = %s, reason = %s,"
-                " wake_at = %s, lease_until = %s, crashes = crashes * %s WHERE task_id = %s",
+                f" wake_at = %s, lease_until = {_CLOCK} + %s, crashes = crashes * %s"
+                " WHERE task_id = %s",
                 (checkpoint.status.value, now, version, checkpoint.reason, checkpoint.wake_at,
-                 lease_until, int(not checkpoint.progress), task_id))
+                 lease_until - now, int(not checkpoint.progress), task_id))
             await _settle_inbox(conn, task_id, checkpoint.status, now, checkpoint.wake_at)
             if version > keep:
                 await conn.execute("DELETE FROM snapshots WHERE task_id = %s AND version <= %s",
@@ -449,18 +468,34 @@ class PostgresStore:
         await self._open()
         try:
             if self._listener is None:
-                self._listener = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+                self._listener = await psycopg.AsyncConnection.connect(
+                    self.url, autocommit=True, connect_timeout=5)
                 await self._listener.execute(f"LISTEN {_CHANNEL}")
             async for _ in self._listener.notifies(timeout=timeout, stop_after=1):
                 return
         except psycopg.Error as exc:  # the next look at the table finds the work anyway
-            self._listener = None
-            raise StoreError(f"PostgreSQL store {self.where}: LISTEN failed: {exc}") from exc
+            listener, self._listener = self._listener, None
+            if listener is not None:
+                with contextlib.suppress(Exception):
+                    await listener.close()
+            raise classify(exc, self.where, "; LISTEN failed") from exc
 
     async def migrate(self) -> list[str]:
         """Apply the migrations this database has not had yet; returns the files applied."""
         await self._open_pool()
-        return await self._apply_migrations()
+        try:
+            return await self._apply_migrations()
+        except psycopg.Error as exc:
+            raise await self._fault(exc) from exc
+
+    async def integrity_check(self) -> list[str]:
+        """Cheap checks of the tether tables (postgres_schema.problems); [] = nothing found."""
+        await self._open()
+        try:
+            async with self._pool.connection() as conn:
+                return await postgres_schema.problems(conn)
+        except psycopg.Error as exc:
+            raise await self._fault(exc) from exc
 
     async def close(self) -> None:
         if self._listener is not None:

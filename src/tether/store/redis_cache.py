@@ -180,3 +180,6 @@ class CachedStore:
 
     async def migrate(self) -> list[str]:
         return await self.inner.migrate()
+
+    async def integrity_check(self) -> list[str]:
+        return await self.inner.integrity_check()  # the cache holds no truth to check

@@ -82,6 +82,24 @@ class TaskConformance:
         await park(store, "c", Status.COMPLETED, now)
         assert await store.count_by_status() == {"pending": 2, "completed": 1}
 
+    async def test_integrity_check_finds_nothing_wrong_with_a_store_in_use(
+            self, store: Store) -> None:
+        """Issue 13: integrity_check returns [] for a sound store: empty, and after tasks,
+        commits past the kept versions, events, history and idempotency records."""
+        assert await store.integrity_check() == []
+        now = time.time()
+        for name in ("a", "b", "c"):
+            await make_task(store, name)
+        lease = await claim(store, "a", now)
+        for step in range(1, 5):
+            await commit(store, lease, Status.RUNNING, now, step=step, keep=2,
+                         history=[HistoryRow(0, step, {"role": "tool", "content": step})],
+                         idempotency=[IdempotencyRecord(f"a:f:{step}", "a", "t", "h",
+                                                        "succeeded", step)])
+        await store.add_event(event("b", payload="hi"), 1, limits(), now)
+        await park(store, "c", Status.COMPLETED, now)
+        assert await store.integrity_check() == []
+
     async def test_wake_all_makes_parked_tasks_claimable(self, store: Store) -> None:
         """R26, E7: wake_all marks every task of a status due; each becomes claimable once."""
         now = time.time()
