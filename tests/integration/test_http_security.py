@@ -24,6 +24,7 @@ import uvicorn
 import tether as tt
 from tether.errors import ConfigurationError
 from tether.server import ServerConfig, create_app, sign
+from tether.web_security import operator_id
 
 OPERATOR = "operator-token-0123456789abcdef"
 READER = "reader-token-0123456789abcdef"
@@ -254,28 +255,6 @@ async def test_failed_credentials_are_rate_limited_per_client(tmp_path: Path) ->
     await harness.close()
 
 
-def test_the_failure_limiter_forgets_old_failures_and_bounds_its_memory() -> None:
-    from tether.web_security import FailureLimiter
-
-    now = [1000.0]
-    limiter = FailureLimiter(limit=3, window=60, max_clients=100, clock=lambda: now[0])
-    for _ in range(3):
-        assert limiter.retry_after("a") is None
-        limiter.failed("a")
-    assert limiter.retry_after("a") == 60
-    now[0] += 45
-    assert limiter.retry_after("a") == 15
-    now[0] += 15
-    assert limiter.retry_after("a") is None
-    for n in range(1000):
-        limiter.failed(f"client-{n}")
-    assert len(limiter) <= 100
-    assert limiter.retry_after("client-999") is None  # one failure is not a block
-    for _ in range(2):
-        limiter.failed("client-999")
-    assert limiter.retry_after("client-999") == 60
-
-
 # --------------------------------------------------------------------------- 6. console
 
 
@@ -358,23 +337,6 @@ async def test_signing_out_ends_the_session(api: Served) -> None:
     assert status == 200 and b"Sign in" in body  # the old cookie opens nothing any more
 
 
-def test_sessions_expire_and_are_bounded() -> None:
-    from tether.console_sessions import Sessions
-
-    now = [0.0]
-    sessions = Sessions(ttl=100, max_sessions=3, clock=lambda: now[0])
-    first = sessions.start("operator", "console:abc")
-    assert sessions.get(first.id) is first
-    now[0] = 99
-    assert sessions.get(first.id) is first
-    now[0] = 101
-    assert sessions.get(first.id) is None
-    ids = [sessions.start("read", "console:r").id for _ in range(5)]
-    assert len(sessions) <= 3 and sessions.get(ids[-1]) is not None
-    sessions.end(ids[-1])
-    assert sessions.get(ids[-1]) is None
-
-
 # --------------------------------------------------------------------------- 7. docs
 
 
@@ -402,12 +364,6 @@ async def test_error_bodies_never_show_server_paths(tmp_path: Path) -> None:
         assert answer.status_code >= 500
         message = answer.json()["error"]
         assert str(tmp_path) not in message and "<path>" in message, message
-    from tether.web_security import scrub_paths
-
-    assert scrub_paths('File "/usr/lib/python3.11/x.py", line 3') == 'File "<path>", line 3'
-    assert scrub_paths("store sqlite:///var/lib/t.db failed") == "store sqlite:<path> failed"
-    assert scrub_paths(r"at C:\Users\me\t.db: locked") == "at <path>: locked"
-    assert scrub_paths("task 'a/b' needs 1/2 of it") == "task 'a/b' needs 1/2 of it"
 
 
 # --------------------------------------------------------------------------- 9. webhooks
@@ -468,14 +424,13 @@ async def test_each_webhook_source_sends_only_the_types_it_is_allowed(tmp_path: 
 
 
 @pytest.mark.parametrize("field", ["id", "task_id", "type"])
-@pytest.mark.parametrize("value", ["", "x" * 5000, 12, None, ["a"]])
+@pytest.mark.parametrize("value", ["", "x" * 300, 12, None, ["a"]])
 async def test_webhook_ids_are_short_non_empty_strings(api: Served, field: str, value: Any) -> None:
     client, harness, _ = api
     await harness.submit("gate", task_id="t1")
-    event = {"id": "evt-1", "type": "approval", "task_id": "t1", field: value}
-    body, headers = hook(event)
-    refused = await client.post("/hooks/billing", content=body[:1000], headers=headers)
-    assert 400 <= refused.status_code < 500 and refused.status_code != 404, refused.text
+    body, headers = hook({"id": "evt-1", "type": "approval", "task_id": "t1", field: value})
+    refused = await client.post("/hooks/billing", content=body, headers=headers)
+    assert refused.status_code == 422 and field in refused.json()["error"], refused.text
     assert await harness.store.list_events("t1") == []
 
 
@@ -493,12 +448,6 @@ async def test_the_generic_events_route_refuses_levers_and_names_their_route(api
 
 
 # --------------------------------------------------------------------------- 10. decide
-
-
-def operator_id(prefix: str, token: str) -> str:
-    import hashlib
-
-    return f"{prefix}:{hashlib.sha256(token.encode()).hexdigest()[:8]}"
 
 
 async def parked_invoice(harness: tt.Harness, task_id: str = "inv") -> None:
@@ -648,3 +597,14 @@ async def test_odd_task_ids_in_paths_are_a_4xx(api: Served, path: str) -> None:
         f"Cookie: tether_session={session}\r\nConnection: close\r\n\r\n").encode())
     assert 400 <= status < 500, body
     assert "set-cookie" not in headers
+
+
+@pytest.mark.parametrize("path", ["/hooks/../api/tasks", "/console/../api/tasks", "//api/tasks",
+                                  "/healthz/../api/tasks", "/console/tasks/../../api/tasks",
+                                  "/hooks/%2E%2E/api/tasks", "/API/tasks", "/api/tasks/"])
+async def test_no_path_spelling_reaches_the_api_without_a_token(api: Served, path: str) -> None:
+    _, harness, port = api
+    await harness.submit("gate", task_id="t1")
+    status, _, body = await raw(port, f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                      "Connection: close\r\n\r\n".encode())
+    assert status in (401, 404, 405) and b"t1" not in body, (status, body)
