@@ -4,109 +4,49 @@ Commands that run or steer tasks load the application's harness from an
 import path (``--app myapp.agents:harness``, as uvicorn and celery do); the
 built-in examples are the default. ``--store`` (or ``TETHER_STORE``) picks
 the store. Every listing takes ``--json``. Errors are one line and exit 1.
+
+What tasks hold is printed literally and harmlessly (:mod:`tether.cli_render`);
+loading the app and running a command with its harness is :mod:`tether.cli_app`;
+the levers are :mod:`tether.cli_levers`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import importlib
 import os
 import shutil
 import signal
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Coroutine
-from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 import orjson
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
 import tether as tt
 from tether.bundle import dumps_bundle
+from tether.cli_app import DEFAULT_APP, app_harness, harness_command, json_arg, load_app, moment
+from tether.cli_levers import LEVERS
+from tether.cli_render import (
+    console,
+    echo,
+    error,
+    local_time,
+    plain,
+    print_json,
+    say,
+    shown,
+    table,
+    visible,
+    visible_logs,
+)
+from tether.integrity import StoreUnreachable, check_store
 from tether.store import DEFAULT_URL, open_store
 
-T = TypeVar("T")
-console = Console()
-DEFAULT_APP = "tether.examples:demo_app"
-
-
-def load_app(spec: str, store: str, store_given: bool = True) -> tt.Harness:
-    """Import ``module:attribute``: a Harness, or a factory called with the store URL.
-
-    A Harness keeps the store it was built with unless ``--store``/``TETHER_STORE`` is given.
-    """
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise click.UsageError(f"--app {spec!r} must look like 'package.module:harness'")
-    sys.path.insert(0, os.getcwd())
-    try:
-        target = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise click.UsageError(f"cannot load app {spec!r}: {exc}") from exc
-    if isinstance(target, tt.Harness):
-        if store_given and target._store is None:
-            target._store_arg = store
-        return target
-    if callable(target):
-        harness = target(store)
-        if isinstance(harness, tt.Harness):
-            return harness
-    raise click.UsageError(f"app {spec!r} is neither a tether.Harness nor a factory returning one")
-
-
-def harness_command(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
-    """Run an async command with the app's harness (closed afterwards); tether's errors
-    become one clear line and exit status 1."""
-
-    @functools.wraps(fn)
-    @click.pass_context
-    def wrapper(ctx: click.Context, *args: Any, **kwargs: Any) -> T:
-        async def with_harness() -> T:
-            harness = _harness(ctx)
-            try:
-                return await fn(harness, *args, **kwargs)
-            finally:
-                await harness.close()
-
-        try:
-            return asyncio.run(with_harness())
-        except tt.TetherError as exc:
-            console.print(f"[red]error:[/] {exc}", highlight=False)
-            raise SystemExit(1) from None
-
-    return wrapper
-
-
-def _json_arg(text: str | None, what: str) -> Any:
-    if text is None:
-        return None
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        raise click.BadParameter(f"{what} is not valid JSON: {exc}") from None
-
-
-def _print_json(data: Any) -> None:
-    click.echo(orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS
-                            | orjson.OPT_PASSTHROUGH_DATACLASS, default=_plain).decode())
-
-
-def _plain(value: Any) -> Any:
-    from dataclasses import asdict, is_dataclass
-
-    if is_dataclass(value) and not isinstance(value, type):
-        return asdict(value)
-    raise TypeError
-
-
-def local_time(ts: float | None) -> str:
-    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
+__all__ = ["load_app", "main"]
 
 
 @click.group()
@@ -126,10 +66,6 @@ def main(ctx: click.Context, store: str, cache: str | None, app: str) -> None:
                "store_given": source is not click.core.ParameterSource.DEFAULT}
 
 
-def _harness(ctx: click.Context) -> tt.Harness:
-    return load_app(ctx.obj["app"], ctx.obj["store"], ctx.obj["store_given"])
-
-
 @main.command()
 @click.pass_context
 def migrate(ctx: click.Context) -> None:
@@ -144,9 +80,9 @@ def migrate(ctx: click.Context) -> None:
     try:
         applied = asyncio.run(go())
     except tt.TetherError as exc:
-        console.print(f"[red]error:[/] {exc}", highlight=False)
+        error(exc)
         raise SystemExit(1) from None
-    click.echo(f"applied: {', '.join(applied)}" if applied else "schema is up to date")
+    echo(f"applied: {', '.join(applied)}" if applied else "schema is up to date")
 
 
 @main.command()
@@ -157,13 +93,14 @@ def demo(keep: bool) -> None:
 
     workdir = Path(tempfile.mkdtemp(prefix="tether-demo-"))
     started = time.time()
+    styled = Console()  # the demo's own text, with its markup; its data is the examples'
     try:
-        outcome = asyncio.run(run_demo(workdir, console))
-        print_summary(console, outcome)
-        console.print(f"finished in {time.time() - started:.1f}s")
+        outcome = asyncio.run(run_demo(workdir, styled))
+        print_summary(styled, outcome)
+        styled.print(f"finished in {time.time() - started:.1f}s")
     finally:
         if keep:
-            console.print(f"demo files kept in {workdir}")
+            say(f"demo files kept in {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     if not outcome.ok:
@@ -204,21 +141,22 @@ async def worker(harness: tt.Harness, concurrency: int, until_idle: bool,
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, _on_stop_signal, stop, signum, harness)
-    click.echo(f"worker {harness.worker_id} serving (concurrency {concurrency});"
-               " SIGTERM drains, a second one exits at once", err=True)
+    echo(f"worker {harness.worker_id} serving (concurrency {concurrency});"
+         " SIGTERM drains, a second one exits at once", err=True)
     ingest = _stream_ingest(harness, events) if events else None
     feeding = asyncio.create_task(ingest.run(stop)) if ingest else None
     try:
-        if until_idle:
-            await harness.run_until_idle(concurrency=concurrency, stop=stop)
-        else:
-            await harness.serve(concurrency=concurrency, stop=stop)
+        with visible_logs(harness.log):
+            if until_idle:
+                await harness.run_until_idle(concurrency=concurrency, stop=stop)
+            else:
+                await harness.serve(concurrency=concurrency, stop=stop)
     finally:
         stop.set()
         if feeding is not None and ingest is not None:
             await feeding
             await ingest.close()
-    click.echo(f"worker {harness.worker_id} stopped; its tasks were released", err=True)
+    echo(f"worker {harness.worker_id} stopped; its tasks were released", err=True)
 
 
 def _stream_ingest(harness: tt.Harness, url: str) -> Any:
@@ -265,7 +203,8 @@ async def serve(harness: tt.Harness, host: str, port: int, tokens: str, webhook_
     stop = asyncio.Event()
     worker = asyncio.create_task(harness.serve(concurrency, stop=stop)) if with_worker else None
     try:
-        await server.serve()
+        with visible_logs(harness.log):
+            await server.serve()
     finally:
         stop.set()
         if worker is not None:
@@ -283,24 +222,10 @@ async def serve(harness: tt.Harness, host: str, port: int, tokens: str, webhook_
 async def submit(harness: tt.Harness, agent: str, input_json: str | None, task_id: str | None,
                  deadline: str | None, not_before: str | None) -> None:
     """Create a task for AGENT."""
-    task_id = await harness.submit(agent, _json_arg(input_json, "--input"), task_id=task_id,
-                                   deadline=_moment(deadline, "--deadline"),
-                                   not_before=_moment(not_before, "--not-before"))
-    click.echo(task_id)
-
-
-def _moment(text: str | None, what: str) -> float | datetime | None:
-    if text is None:
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        return datetime.fromisoformat(text)
-    except ValueError:
-        raise click.BadParameter(f"{what} {text!r} is neither seconds from now nor an ISO-8601"
-                                 " time such as 2026-12-01T09:00:00+00:00") from None
+    task_id = await harness.submit(agent, json_arg(input_json, "--input"), task_id=task_id,
+                                   deadline=moment(deadline, "--deadline"),
+                                   not_before=moment(not_before, "--not-before"))
+    echo(task_id)
 
 
 @main.command(name="ls")
@@ -311,16 +236,16 @@ async def list_tasks(harness: tt.Harness, status: str | None, as_json: bool) -> 
     """List tasks, newest first."""
     records = await harness.store.list_tasks(tt.Status(status) if status else None)
     if as_json:
-        _print_json([{**_plain(r), "status": r.status.value} for r in records])
+        print_json([{**plain(r), "status": r.status.value} for r in records])
         return
-    table = Table("id", "agent", "status", "version", "updated", "reason")
-    table.columns[0].no_wrap = True
-    table.columns[4].no_wrap = True
-    for r in records:
-        reason = r.reason or ""
-        table.add_row(r.task_id, r.agent, r.status.value, str(r.head_version), local_time(r.updated_at),
-                      reason if len(reason) <= 60 else reason[:59] + "…")
-    console.print(table)
+    table(("id", "agent", "status", "version", "updated", "reason"),
+          ((r.task_id, r.agent, r.status.value, r.head_version, local_time(r.updated_at),
+            shown(r.reason or "", one_line=True, limit=60)) for r in records),
+          no_wrap=(0, 2, 4))
+
+
+SHOWN_CHARS = 400
+"""How much of an input, a result or a dialog row the text views show (--json shows all)."""
 
 
 @main.command()
@@ -332,28 +257,32 @@ async def show(harness: tt.Harness, task_id: str, as_json: bool) -> None:
     info = await harness.get(task_id)
     snap = info.snapshot
     if as_json:
-        _print_json({"version": info.version, "reason": info.record.reason,
-                     "wake_at": info.record.wake_at, "snapshot": orjson.loads(snap.dumps())})
+        print_json({"version": info.version, "reason": info.record.reason,
+                    "wake_at": info.record.wake_at, "snapshot": orjson.loads(snap.dumps())})
         return
-    console.print(f"[bold]{task_id}[/] {snap.agent}  status [bold]{snap.status.value}[/]"
-                  f"  step {snap.step}  version {info.version}")
+    say((task_id, "bold"), " ", snap.agent, "  status ", (snap.status.value, "bold"),
+        f"  step {snap.step}  version {info.version}")
+    say("input: ", shown(snap.input, limit=SHOWN_CHARS))
     if info.record.reason:
-        console.print(f"reason: {info.record.reason}")
+        say("reason: ", info.record.reason)
     if info.record.wake_at is not None:
-        console.print(f"due for a look at {local_time(info.record.wake_at)} (a timer, deadline,"
-                      " scheduled start or back-off)")
+        say(f"due for a look at {local_time(info.record.wake_at)} (a timer, deadline,"
+            " scheduled start or back-off)")
     if snap.deadline_at is not None:
-        console.print(f"deadline: {local_time(snap.deadline_at)}")
+        say(f"deadline: {local_time(snap.deadline_at)}")
     if snap.degraded or snap.worker_degraded:
-        console.print(f"degraded: {snap.degraded or snap.worker_degraded}")
+        say("degraded: ", snap.degraded or snap.worker_degraded)
     for depth, frame in enumerate(snap.stack):
-        todo = f" to-do: {[a['kind'] for a in frame.agenda]}" if frame.agenda else ""
-        console.print(f"{'  ' * depth}└─ {frame.agent} (steps {frame.steps}){todo}")
+        todo = f" to-do: {', '.join(str(a.get('kind')) for a in frame.agenda)}" \
+            if frame.agenda else ""
+        say(f"{'  ' * depth}└─ ", frame.agent, f" (steps {frame.steps})", todo)
     if snap.call:
-        console.print(f"current call: {snap.call.tool}({snap.call.args}) key={snap.call.key}"
-                      f" status={snap.call.status} attempt={snap.call.attempt}")
+        say("current call: ", snap.call.tool, "(", shown(snap.call.args, limit=SHOWN_CHARS),
+            f") key={snap.call.key} status={snap.call.status} attempt={snap.call.attempt}")
+    if snap.error and snap.error != info.record.reason:
+        say("error: ", snap.error)
     if snap.result is not None:
-        console.print(f"result: {snap.result}")
+        say("result: ", shown(snap.result, limit=SHOWN_CHARS))
 
 
 @main.command()
@@ -364,13 +293,12 @@ async def history(harness: tt.Harness, task_id: str, as_json: bool) -> None:
     """The task's full dialog."""
     rows = await harness.history(task_id)
     if as_json:
-        _print_json(rows)
+        print_json(rows)
         return
-    table = Table("#", "role", "content")
-    for n, row in enumerate(rows, 1):
-        body = row.get("content", row.get("tool_call", row.get("error", "")))
-        table.add_row(str(n), str(row.get("role")), str(body)[:120])
-    console.print(table)
+    table(("#", "role", "content"),
+          ((n, row.get("role"), shown(row.get("content", row.get("tool_call", row.get("error", ""))),
+                                       limit=SHOWN_CHARS))
+           for n, row in enumerate(rows, 1)))
 
 
 @main.command()
@@ -379,55 +307,11 @@ async def history(harness: tt.Harness, task_id: str, as_json: bool) -> None:
 @harness_command
 async def versions(harness: tt.Harness, task_id: str, as_json: bool) -> None:
     """Kept snapshot versions (R14)."""
-    kept = await harness.store.list_versions(task_id)
+    kept = await harness.store.list_versions(tt.model.check_task_id(task_id))
     if as_json:
-        _print_json([{"version": v, "created_at": at, "bytes": size} for v, at, size in kept])
+        print_json([{"version": v, "created_at": at, "bytes": size} for v, at, size in kept])
         return
-    table = Table("version", "created", "bytes")
-    for v, at, size in kept:
-        table.add_row(str(v), local_time(at), str(size))
-    console.print(table)
-
-
-@main.command()
-@click.argument("task_id")
-@click.argument("event_type")
-@click.option("--payload", help="Event payload as JSON.")
-@click.option("--priority", type=click.IntRange(0, 4), help="Override the protocol's priority.")
-@click.option("--source-event-id", help="Sender's id; a repeat is dropped (R6).")
-@harness_command
-async def emit(harness: tt.Harness, task_id: str, event_type: str, payload: str | None,
-               priority: int | None, source_event_id: str | None) -> None:
-    """Send an event to a task; returns once it is stored."""
-    receipt = await harness.emit(tt.Event(event_type, task_id, _json_arg(payload, "--payload"),
-                                          priority=priority, source_event_id=source_event_id))
-    click.echo(f"event {receipt.event_id}: {receipt.outcome}"
-               + (f" ({receipt.coalesced} older coalesced)" if receipt.coalesced else ""))
-
-
-@main.command()
-@click.argument("task_id")
-@click.option("--message", help="A note for the agent, added to the dialog.")
-@click.option("--patch", help="JSON object merged into the current frame's scratch data.")
-@harness_command
-async def resume(harness: tt.Harness, task_id: str, message: str | None, patch: str | None) -> None:
-    """Resume a paused, parked or failed task."""
-    frame_patch = _json_arg(patch, "--patch")
-    if frame_patch is not None and not isinstance(frame_patch, dict):
-        raise click.BadParameter("--patch must be a JSON object")
-    receipt = await harness.resume(task_id, message=message, frame_patch=frame_patch)
-    await _report_lever(harness, task_id, receipt, "resume")
-
-
-@main.command()
-@click.argument("task_id")
-@click.option("--to", "version", type=int, required=True, help="A kept version (see `versions`).")
-@click.option("--redo-side-effects", is_flag=True, help="Run calls after the version again (E4).")
-@harness_command
-async def rollback(harness: tt.Harness, task_id: str, version: int, redo_side_effects: bool) -> None:
-    """Roll a task back to a kept version."""
-    receipt = await harness.rollback(task_id, version, redo_side_effects=redo_side_effects)
-    await _report_lever(harness, task_id, receipt, f"rollback to version {version}")
+    table(("version", "created", "bytes"), ((v, local_time(at), size) for v, at, size in kept))
 
 
 @main.command()
@@ -438,17 +322,7 @@ async def export(harness: tt.Harness, task_id: str, output: str) -> None:
     """Write the task's handoff bundle (R26) to a JSON file."""
     bundle = await harness.export(task_id)
     Path(output).write_bytes(dumps_bundle(bundle))
-    click.echo(f"wrote {output} ({len(bundle['history'])} dialog rows,"
-               f" {len(bundle['events'])} events)")
-
-
-@main.command()
-@click.argument("task_id")
-@harness_command
-async def cancel(harness: tt.Harness, task_id: str) -> None:
-    """Cancel a task (a side-effecting call in flight is let finish first)."""
-    receipt = await harness.cancel(task_id)
-    await _report_lever(harness, task_id, receipt, "cancel")
+    echo(f"wrote {output} ({len(bundle['history'])} dialog rows, {len(bundle['events'])} events)")
 
 
 @main.command()
@@ -469,49 +343,28 @@ def torture(app: str, agent: str, input_json: str | None, seeds: int, seed: int 
     from tether.testing import Target
     from tether.testing import torture as run_torture
 
-    target = Target(app, agent, _json_arg(input_json, "--input"))
+    target = Target(app, agent, json_arg(input_json, "--input"))
     first, count = (seed, 1) if seed is not None else (0, seeds)
     started = time.time()
     try:
-        with console.status("torturing…") as status:
+        with console().status("torturing…") as status:
             report = asyncio.run(run_torture(
                 target, seeds=count, first_seed=first, kills=only != "faults",
-                faults=only != "kills", progress=lambda line: status.update(line)))
+                faults=only != "kills", progress=lambda text: status.update(Text(visible(text)))))
     except tt.TetherError as exc:
-        console.print(f"[red]error:[/] {exc}", highlight=False)
+        error(exc)
         raise SystemExit(1) from None
-    console.print(f"{report.runs} runs, {report.kills} worker kills at"
-                  f" {len(report.points)} failpoints ({', '.join(sorted(report.points)) or '-'}),"
-                  f" outcomes {report.outcomes}, {time.time() - started:.1f}s")
+    say(f"{report.runs} runs, {report.kills} worker kills at {len(report.points)} failpoints"
+        f" ({', '.join(sorted(report.points)) or '-'}), outcomes ", report.outcomes,
+        f", {time.time() - started:.1f}s")
     if report.ok:
-        console.print("[green]no violations[/]")
+        say(("no violations", "green"))
         return
-    console.print(f"[red]{len(report.violations)} violation(s)[/]")
+    say((f"{len(report.violations)} violation(s)", "red"))
     for v in report.violations:
-        console.print(f"- seed {v.seed}: [bold]{v.kind}[/]: {v.detail}", highlight=False)
-        console.print(f"  replay: {v.replay}", highlight=False, soft_wrap=True)
+        say(f"- seed {v.seed}: ", (v.kind, "bold"), ": ", v.detail)
+        say("  replay: ", v.replay)
     raise SystemExit(1)
-
-
-async def _report_lever(harness: tt.Harness, task_id: str, receipt: tt.EmitReceipt,
-                        what: str) -> None:
-    """Say what became of a lever: applied (and the status now), queued, or refused and why."""
-    event = next(e for e in await harness.store.list_events(task_id)
-                 if e.event.id == receipt.event_id)
-    info = await harness.get(task_id)
-    if event.status == "pending":
-        click.echo(f"{task_id}: {what} queued; the worker holding the task applies it at its next"
-                   f" step (now {info.record.status.value})")
-        return
-    records = [r for r in await harness.store.list_recovery_log(task_id)
-               if r.get("event_id") == receipt.event_id]
-    outcome = records[-1] if records else None
-    if event.status == "failed" or (outcome and outcome["resume_strategy"].endswith(
-            ("_failed", "_refused", "_ignored"))):
-        detail = outcome["detail"] if outcome else event.status
-        raise tt.TetherError(f"task {task_id}: {what} was not applied: {detail}")
-    click.echo(f"{task_id}: {what} applied; now {info.record.status.value} at version"
-               f" {info.version}")
 
 
 @main.command()
@@ -519,12 +372,61 @@ async def _report_lever(harness: tt.Harness, task_id: str, receipt: tt.EmitRecei
 @click.pass_context
 def protocol(ctx: click.Context, as_json: bool) -> None:
     """Print the interruption protocol table (R24)."""
-    table = _harness(ctx).protocol.table()
+    rules = app_harness(ctx).protocol.table()
     if as_json:
-        _print_json({k: {"priority": int(r.priority), "coalesce": r.coalesce}
-                     for k, r in table.items()})
+        print_json({k: {"priority": int(r.priority), "coalesce": r.coalesce}
+                    for k, r in rules.items()})
         return
-    out = Table("event type", "priority", "coalescing class")
-    for name, rule in sorted(table.items(), key=lambda kv: (kv[1].priority, kv[0])):
-        out.add_row(name, f"P{int(rule.priority)}", rule.coalesce or "-")
-    console.print(out)
+    table(("event type", "priority", "coalescing class"),
+          ((name, f"P{int(rule.priority)}", rule.coalesce or "-")
+           for name, rule in sorted(rules.items(), key=lambda kv: (kv[1].priority, kv[0]))))
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def check(ctx: click.Context, as_json: bool) -> None:
+    """Check the store: its own integrity check, then every kept version of every task loaded
+    as a worker would load it. One line per problem, naming the task and version.
+
+    Exit status: 0 nothing wrong, 1 problems found, 2 the store could not be opened.
+    """
+    async def go() -> Any:
+        harness = app_harness(ctx)
+        try:
+            _refuse_missing_file(harness)
+            return await check_store(harness)
+        finally:
+            await harness.close()
+
+    try:
+        report = asyncio.run(go())
+    except (StoreUnreachable, tt.TetherError) as exc:
+        error(exc)
+        raise SystemExit(2) from None
+    if as_json:
+        print_json(report.to_dict())
+    else:
+        for problem in report.problems:
+            echo(problem.line())
+        if not report.store_checked:
+            echo("(this store has no integrity check of its own; its tasks were checked)")
+        summary = f"checked {report.tasks} tasks, {report.versions} versions: "
+        say(summary, ("no problems", "green") if report.ok else
+            (f"{len(report.problems)} problem(s)" + (
+                f", {len(report.unreadable)} task(s) with no readable version"
+                if report.unreadable else ""), "red"))
+    raise SystemExit(0 if report.ok else 1)
+
+
+def _refuse_missing_file(harness: tt.Harness) -> None:
+    """A SQLite store that is not there is not created by a check."""
+    url = harness._store_arg
+    if isinstance(url, str) and url.startswith("sqlite:///") and ":memory:" not in url:
+        path = Path(url.removeprefix("sqlite:///"))
+        if not path.exists():
+            raise StoreUnreachable(f"no store at {str(path)!r}: the file does not exist")
+
+
+for _lever in LEVERS:
+    main.add_command(_lever)

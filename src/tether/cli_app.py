@@ -1,0 +1,110 @@
+"""The command line's link to the application: load its harness from an import path, run a
+command's coroutine with it, and read the options every command shares (JSON, moments,
+who is asking)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import getpass
+import importlib
+import os
+import sys
+from collections.abc import Callable, Coroutine
+from datetime import datetime
+from typing import Any, TypeVar
+
+import click
+import orjson
+
+import tether as tt
+from tether.cli_render import error
+
+T = TypeVar("T")
+DEFAULT_APP = "tether.examples:demo_app"
+
+
+def load_app(spec: str, store: str, store_given: bool = True) -> tt.Harness:
+    """Import ``module:attribute``: a Harness, or a factory called with the store URL.
+
+    A Harness keeps the store it was built with unless ``--store``/``TETHER_STORE`` is given.
+    """
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise click.UsageError(f"--app {spec!r} must look like 'package.module:harness'")
+    sys.path.insert(0, os.getcwd())
+    try:
+        target = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise click.UsageError(f"cannot load app {spec!r}: {exc}") from exc
+    if isinstance(target, tt.Harness):
+        if store_given and target._store is None:
+            target._store_arg = store
+        return target
+    if callable(target):
+        harness = target(store)
+        if isinstance(harness, tt.Harness):
+            return harness
+    raise click.UsageError(f"app {spec!r} is neither a tether.Harness nor a factory returning one")
+
+
+def app_harness(ctx: click.Context) -> tt.Harness:
+    """The harness of the app the command line names (``--app``, ``--store``)."""
+    obj = ctx.find_root().obj
+    return load_app(obj["app"], obj["store"], obj["store_given"])
+
+
+def harness_command(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
+    """Run an async command with the app's harness (closed afterwards); tether's errors
+    become one clear line and exit status 1."""
+
+    @functools.wraps(fn)
+    @click.pass_context
+    def wrapper(ctx: click.Context, *args: Any, **kwargs: Any) -> T:
+        async def with_harness() -> T:
+            harness = app_harness(ctx)
+            try:
+                return await fn(harness, *args, **kwargs)
+            finally:
+                await harness.close()
+
+        try:
+            return asyncio.run(with_harness())
+        except tt.TetherError as exc:
+            error(exc)
+            raise SystemExit(1) from None
+
+    return wrapper
+
+
+def json_arg(text: str | None, what: str) -> Any:
+    if text is None:
+        return None
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise click.BadParameter(f"{what} is not valid JSON: {exc}") from None
+
+
+def moment(text: str | None, what: str) -> float | datetime | None:
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(f"{what} {text!r} is neither seconds from now nor an ISO-8601"
+                                 " time such as 2026-12-01T09:00:00+00:00") from None
+
+
+def who() -> str:
+    """Who pulls a lever from this command line, as the dialog and the recovery log record
+    it: ``cli:`` and the login name."""
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):  # no login name (a container with an unnamed uid)
+        user = f"uid{os.getuid()}" if hasattr(os, "getuid") else "unknown"
+    return f"cli:{user}"[:200]
