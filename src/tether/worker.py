@@ -7,6 +7,18 @@ another worker claims the task and recovers it. A worker told to stop lets
 each task finish the step it is in (a side-effecting call in flight is never
 cut off), commits, and releases it cleanly, so the next worker resumes at
 once and no recovery is counted (E5).
+
+A worker never dies of a transient store fault (issue 13). When the store is unavailable
+(:class:`StoreUnavailable`: PostgreSQL restarting, a SQLite write lock held past the busy
+timeout) it logs one WARNING, keeps retrying its claims with bounded back-off (0.1 s
+doubling to 5 s, jittered) and renewing its leases, and logs one INFO once the store
+answers again. A task whose write failed that way stops where it is, without being
+parked for a person: its last checkpoint is its resume point. Once the store is back the
+worker hands such tasks over cleanly (a release, so no recovery is counted) unless a
+side-effecting call may be in flight, which is left to crash recovery and its reconcile
+hook. A lease that lapsed meanwhile may have been taken over; the fence refuses this
+worker's writes for it. The worker exits only when told to, on a configuration error, or
+on a damaged store (:class:`CorruptStore`: a person must restore it).
 """
 
 from __future__ import annotations
@@ -19,11 +31,20 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from tether.errors import CorruptSnapshot, LeaseLost, SnapshotTooNew, StoreError, TetherError
+from tether.errors import (
+    CorruptSnapshot,
+    CorruptStore,
+    LeaseLost,
+    SnapshotTooNew,
+    StoreError,
+    StoreUnavailable,
+    TetherError,
+)
 from tether.model import Status
 from tether.recovery import hand_to_person, restore
 from tether.runner import Runner
 from tether.store import Claim
+from tether.store.retry import Outage
 
 CLAIMS_AT_ONCE = 8
 """Claims a worker makes side by side when it has free slots (the SQLite store looks at
@@ -37,6 +58,17 @@ def new_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
+class Stranded(Exception):
+    """A task stopped because the store became unavailable under it (internal)."""
+
+    def __init__(self, error: StoreUnavailable, releasable: bool) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.releasable = releasable
+        """Whether the task may be handed over cleanly once the store is back (no
+        side-effecting call in flight)."""
+
+
 class Worker:
     """Runs up to ``concurrency`` tasks at once from one store."""
 
@@ -47,20 +79,66 @@ class Worker:
         self.concurrency = concurrency
         self.active: dict[str, asyncio.Task[None]] = {}
         self._claims: dict[str, Claim] = {}
+        self.outage = Outage(harness.log)
+        """The store's availability as this worker sees it (riding out outages)."""
+        self._stranded: list[Claim] = []
+        self._fatal: CorruptStore | None = None
+        self._changed = asyncio.Event()
 
     async def run(self, until_idle: bool, stop: asyncio.Event | None = None) -> None:
         """Claim and run tasks until stopped (or, with *until_idle*, until none is left)."""
         keeper = asyncio.create_task(self._keep_alive())
         try:
-            while not (stop and stop.is_set()):
-                claimed = await self._fill()
-                if until_idle and not self.active and not claimed:
+            while not (stop and stop.is_set()) and self._fatal is None:
+                try:
+                    if self.outage.active:  # ended once the store takes a write again
+                        await self.harness.store.ping()
+                        self.outage.succeeded()
+                        await self._renew_all()  # keep what was not taken over meanwhile
+                    await self._release_stranded()
+                    claimed = await self._fill()
+                except StoreUnavailable as error:
+                    await self._pause(self.outage.failed(error), stop)
+                    continue
+                if until_idle and not self.active and not claimed and not self._stranded:
                     return
                 await self._wait_for_change(stop)
         finally:
             await self._drain()
             keeper.cancel()
             await asyncio.gather(keeper, return_exceptions=True)
+        if self._fatal is not None:
+            raise self._fatal
+
+    async def _pause(self, delay: float, stop: asyncio.Event | None) -> None:
+        """Wait out one back-off delay, or less if told to stop or the store failed for good."""
+        self._changed.clear()
+        waiters = [asyncio.ensure_future(self._changed.wait())]
+        if stop:
+            waiters.append(asyncio.ensure_future(stop.wait()))
+        try:
+            await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
+
+    async def _renew_all(self) -> None:
+        for task_id, claim in list(self._claims.items()):
+            try:
+                await self._look_after(task_id, claim, renew=True)
+            except StoreUnavailable:
+                raise
+            except Exception:  # one task's trouble must not stop the others' renewals
+                self.harness.log.exception("task %s: lease upkeep failed", task_id)
+
+    async def _release_stranded(self) -> None:
+        """Hand over cleanly the tasks an outage stopped, now that the store answers (a
+        task another worker took meanwhile is its own: LeaseLost is fine)."""
+        while self._stranded:
+            with contextlib.suppress(LeaseLost):
+                await self.harness.store.release(self._stranded[0])
+            self._stranded.pop(0)
 
     async def _fill(self) -> bool:
         """Claim work for the free slots, a few claims at a time (a store may take them in one
@@ -90,9 +168,11 @@ class Worker:
         interval = self.harness.settings.poll_interval
         waiters: set[asyncio.Future[object]] = set(self.active.values())  # type: ignore[arg-type]
         self.harness.work_arrived.clear()
+        self._changed.clear()
         helpers: list[asyncio.Future[Any]] = [
-            asyncio.ensure_future(self.harness.store.wait_for_work(interval)),
-            asyncio.ensure_future(self.harness.work_arrived.wait())]
+            asyncio.ensure_future(self._listen(interval)),
+            asyncio.ensure_future(self.harness.work_arrived.wait()),
+            asyncio.ensure_future(self._changed.wait())]
         if stop:
             helpers.append(asyncio.ensure_future(stop.wait()))
         waiters.update(helpers)
@@ -102,6 +182,13 @@ class Worker:
             for helper in helpers:
                 helper.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
+
+    async def _listen(self, interval: float) -> None:
+        """The store's notice of new work; if it cannot listen now, a plain poll interval."""
+        try:
+            await self.harness.store.wait_for_work(interval)
+        except StoreError:
+            await asyncio.sleep(interval)
 
     async def _drain(self) -> None:
         """Stop at step boundaries, wait up to ``drain_timeout``, then cut off what is left."""
@@ -123,7 +210,17 @@ class Worker:
     async def _run_one(self, claim: Claim) -> None:
         this = asyncio.current_task()
         try:
-            await run_claimed(self.harness, claim)
+            await _run(self.harness, claim, steps=True)
+        except Stranded as stranded:
+            self.outage.failed(stranded.error)
+            self.harness.log.info("task %s: stopped by the store outage; it goes on from its"
+                                  " last checkpoint", claim.task_id)
+            if stranded.releasable:
+                self._stranded.append(claim)
+        except CorruptStore as error:
+            self.harness.log.error("%s", error)
+            self._fatal = self._fatal or error
+            self._changed.set()
         finally:
             if self.active.get(claim.task_id) is this:
                 del self.active[claim.task_id]
@@ -131,19 +228,25 @@ class Worker:
                 del self._claims[claim.task_id]
 
     async def _keep_alive(self) -> None:
-        """Renew leases and pass on events stored by other processes (P0 preempts at once)."""
+        """Renew leases and pass on events stored by other processes (P0 preempts at once).
+        While the store is unavailable, one renewal a round probes it; the rest wait."""
         settings = self.harness.settings
-        last_renew = time.time()
+        last_renew = time.monotonic()
         while True:  # a long poll interval must not let leases lapse
             await asyncio.sleep(min(settings.poll_interval, settings.lease_seconds / 3))
-            renew = time.time() - last_renew > settings.lease_seconds / 3
+            renew = time.monotonic() - last_renew > settings.lease_seconds / 3
+            reached = True
             for task_id, claim in list(self._claims.items()):
                 try:
                     await self._look_after(task_id, claim, renew)
+                except StoreUnavailable as error:
+                    self.outage.failed(error)
+                    reached = False
+                    break
                 except Exception:  # one task's trouble must not stop the others' renewals
                     self.harness.log.exception("task %s: lease upkeep failed", task_id)
-            if renew:
-                last_renew = time.time()
+            if renew and reached:
+                last_renew = time.monotonic()
 
     async def _look_after(self, task_id: str, claim: Claim, renew: bool) -> None:
         runner = self.harness.runners.get(task_id)
@@ -168,8 +271,28 @@ async def run_claimed(harness: Harness, claim: Claim, steps: bool = True) -> Sta
     """Run (or, with ``steps=False``, only apply the inbox of) one claimed task, then release it.
 
     Returns the status it was left in, or None when the lease was lost or the task could not
-    be run here (the lease then expires and another worker recovers it).
+    be run here (the lease then expires and another worker recovers it). A damaged store
+    raises CorruptStore.
     """
+    try:
+        return await _run(harness, claim, steps)
+    except Stranded as stranded:
+        harness.log.warning("task %s: %s; leaving it for recovery", claim.task_id,
+                            stranded.error)
+        return None
+
+
+async def _run(harness: Harness, claim: Claim, steps: bool) -> Status | None:
+    """run_claimed, but a task stopped by an unavailable store raises Stranded."""
+    try:
+        return await _run_task(harness, claim, steps)
+    except Stranded:
+        raise
+    except StoreUnavailable as error:  # loading it, or handing it over after its run
+        raise Stranded(error, releasable=True) from error
+
+
+async def _run_task(harness: Harness, claim: Claim, steps: bool) -> Status | None:
     store = harness.store
     try:
         runner = await Runner.load(harness, claim)
@@ -191,6 +314,10 @@ async def run_claimed(harness: Harness, claim: Claim, steps: bool = True) -> Sta
         if runner.safe_to_release():  # cut off by the drain timeout: hand over, no crash
             with contextlib.suppress(Exception):
                 await store.release(claim)
+        raise
+    except StoreUnavailable as error:  # the store went away: not the task's fault
+        raise Stranded(error, releasable=runner.safe_to_release()) from error
+    except CorruptStore:
         raise
     except (LeaseLost, StoreError) as error:
         harness.log.warning("task %s: %s; leaving it for recovery", claim.task_id, error)
@@ -237,6 +364,8 @@ async def _park_after_error(harness: Harness, claim: Claim, error: Exception) ->
         reason = f"{type(error).__name__}: {error}"
         await hand_to_person(runner, f"unexpected error while running: {reason}")
         return Status.NEEDS_HUMAN
+    except StoreUnavailable as unavailable:  # parked by the next worker, after its recovery
+        raise Stranded(unavailable, releasable=False) from unavailable
     except TetherError:
         harness.log.exception("task %s: could not even park it; leaving it for recovery",
                               claim.task_id)

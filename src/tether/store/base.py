@@ -202,6 +202,10 @@ class Store(Protocol):
     async def migrate(self) -> list[str]:
         """Create or upgrade the schema now; returns the migrations applied (maybe none)."""
 
+    async def ping(self) -> None:
+        """Return once the store could take a write now; :class:`StoreUnavailable` if it
+        cannot yet (a worker riding out an outage asks this before carrying on)."""
+
     async def integrity_check(self) -> list[str]:
         """Look for damage in the store itself; returns the problems found, one line each
         (an empty list: nothing found). It covers the storage (SQLite: ``PRAGMA

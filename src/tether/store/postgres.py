@@ -488,6 +488,10 @@ class PostgresStore:
         except psycopg.Error as exc:
             raise await self._fault(exc) from exc
 
+    async def ping(self) -> None:
+        """One round trip on a pooled connection."""
+        await self._rows("SELECT 1")
+
     async def integrity_check(self) -> list[str]:
         """Cheap checks of the tether tables (postgres_schema.problems); [] = nothing found."""
         await self._open()

@@ -181,5 +181,8 @@ class CachedStore:
     async def migrate(self) -> list[str]:
         return await self.inner.migrate()
 
+    async def ping(self) -> None:
+        await self.inner.ping()
+
     async def integrity_check(self) -> list[str]:
         return await self.inner.integrity_check()  # the cache holds no truth to check

@@ -121,6 +121,11 @@ class SQLiteStore:
         """TaskNotFound, unless damage may be what hides the task."""
         return sqlite_integrity.missing(self._db, self.damage, task_id, outcome)
 
+    async def ping(self) -> None:
+        """An empty write transaction: the write lock can be had (nothing is written)."""
+        with self._write():
+            pass
+
     async def integrity_check(self) -> list[str]:
         """What is wrong with the file and its tables (sqlite_integrity.problems); [] = fine."""
         return sqlite_integrity.problems(self._db)

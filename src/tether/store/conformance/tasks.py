@@ -100,6 +100,13 @@ class TaskConformance:
         await park(store, "c", Status.COMPLETED, now)
         assert await store.integrity_check() == []
 
+    async def test_ping_answers_when_the_store_can_take_a_write(self, store: Store) -> None:
+        """Issue 13: ping returns on a store that works (no StoreUnavailable), changing nothing."""
+        await make_task(store, "t1")
+        before = await store.get_task("t1")
+        await store.ping()
+        assert await store.get_task("t1") == before
+
     async def test_wake_all_makes_parked_tasks_claimable(self, store: Store) -> None:
         """R26, E7: wake_all marks every task of a status due; each becomes claimable once."""
         now = time.time()
