@@ -1,0 +1,127 @@
+"""The levers from the command line name who pulled them (issue 13): ``tether decide`` settles
+a call whose outcome is unknown, ``resume`` refuses one (naming the three answers), and
+resume, decide, rollback and cancel are recorded as ``cli:<login name>``."""
+
+from __future__ import annotations
+
+import getpass
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tether.cli import main
+
+APP = '''
+import os
+import tether as tt
+
+harness = tt.Harness()
+
+@harness.tool(side_effect=True)
+async def refund(ctx: tt.ToolContext, amount: int) -> dict:
+    with open(os.environ["REFUND_LEDGER"], "a") as ledger:
+        ledger.write(ctx.idempotency_key + "\\n")
+    raise tt.OutcomeUnknown("the provider took the request; no answer came")
+
+@harness.agent("refunder")
+class Refunder(tt.Agent):
+    async def plan(self, task: tt.TaskView) -> tt.Action:
+        if not task.scratch.get("asked"):
+            task.scratch["asked"] = True
+            return tt.ToolCall("refund", {"amount": 30})
+        return tt.Finish({"result": task.last_tool_result, "error": task.last_tool_error})
+'''
+ME = f"cli:{getpass.getuser()}"
+
+
+@pytest.fixture
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    (tmp_path / "refundapp.py").write_text(APP)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TETHER_STORE", f"sqlite:///{tmp_path / 'levers.db'}")
+    monkeypatch.setenv("TETHER_APP", "refundapp:harness")
+    monkeypatch.setenv("REFUND_LEDGER", str(tmp_path / "ledger.txt"))
+    monkeypatch.setenv("COLUMNS", "300")
+
+    def invoke(*args: str, code: int = 0) -> str:
+        result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+        assert result.exit_code == code, result.output
+        assert "Traceback" not in result.output
+        return " ".join(result.output.split())
+
+    return invoke
+
+
+def parked_in_doubt(cli, tmp_path: Path) -> str:  # type: ignore[no-untyped-def]
+    task_id: str = cli("submit", "refunder")
+    cli("worker", "--until-idle")
+    shown = json.loads(cli("show", task_id, "--json"))
+    assert shown["snapshot"]["status"] == "needs_human"
+    assert shown["snapshot"]["call"]["status"] == "started"
+    assert len((tmp_path / "ledger.txt").read_text().split()) == 1
+    return task_id
+
+
+def test_decide_happened_records_the_result_and_who_without_calling_again(
+        cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    task_id = parked_in_doubt(cli, tmp_path)
+    out = cli("resume", task_id, code=1)
+    assert out.startswith("error: ") and all(
+        answer in out for answer in ("happened", "not_happened", "skip"))
+    assert "a result goes with 'happened' only" in cli("decide", task_id, "skip", "--result",
+                                                       '{"x": 1}', code=1)
+    assert "Invalid value" in cli("decide", task_id, "maybe", code=2)
+    assert "--result is not valid JSON" in cli("decide", task_id, "happened", "--result", "{no",
+                                               code=2)
+    assert f"{task_id}: decide happened applied" in cli(
+        "decide", task_id, "happened", "--result", '{"refunded": 30, "by": "bank statement"}')
+    cli("worker", "--until-idle")
+    shown = json.loads(cli("show", task_id, "--json"))
+    assert shown["snapshot"]["status"] == "completed"
+    assert shown["snapshot"]["result"] == {"result": {"refunded": 30, "by": "bank statement"},
+                                           "error": None}
+    assert len((tmp_path / "ledger.txt").read_text().split()) == 1  # never called again
+    decided = [row for row in json.loads(cli("history", task_id, "--json"))
+               if row.get("type") == "decide"]
+    assert [(row["content"]["outcome"], row["content"]["by"]) for row in decided] == [
+        ("happened", ME)]
+
+
+def test_decide_skip_drops_the_call_and_the_agent_sees_who_skipped_it(
+        cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    task_id = parked_in_doubt(cli, tmp_path)
+    assert "decide skip applied" in cli("decide", task_id, "skip")
+    cli("worker", "--until-idle")
+    result = json.loads(cli("show", task_id, "--json"))["snapshot"]["result"]
+    assert result["result"] is None and result["error"]["skipped"] is True
+    assert result["error"]["by"] == ME
+    assert "nothing to decide" in cli("decide", task_id, "happened", code=1)
+
+
+def test_resume_rollback_and_cancel_name_the_cli_user(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    task_id = parked_in_doubt(cli, tmp_path)
+    cli("decide", task_id, "happened", "--result", "{}")
+    versions = json.loads(cli("versions", task_id, "--json"))
+    assert "applied" in cli("rollback", task_id, "--to", str(versions[-1]["version"]))
+    assert "cancel applied; now cancelled" in cli("cancel", task_id)
+    cli("export", task_id, "-o", str(tmp_path / "bundle.json"))
+    bundle = json.loads((tmp_path / "bundle.json").read_text())
+    details = {r["resume_strategy"]: r["detail"] for r in bundle["recovery_log"]}
+    assert ME in details["human_decision"] and ME in details["rollback"]
+    cancel = [e for e in bundle["events"] if e["type"] == "cancel"]
+    assert [e["payload"]["by"] for e in cancel] == [ME]
+
+
+def test_resume_names_the_cli_user(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """The built-in inventory example parks for a person; a resume records who."""
+    monkeypatch.setenv("TETHER_APP", "tether.examples:demo_app")
+    monkeypatch.setenv("TETHER_DEMO_LEDGER", str(tmp_path / "demo-ledger.db"))
+    task_id = cli("submit", "inventory")
+    cli("worker", "--until-idle")
+    assert "resume applied" in cli("resume", task_id, "--message", "use the mirror")
+    cli("export", task_id, "-o", str(tmp_path / "bundle.json"))
+    bundle = json.loads((tmp_path / "bundle.json").read_text())
+    resumed = [r for r in bundle["recovery_log"] if r["resume_strategy"] == "human_resume"]
+    assert len(resumed) == 1 and f"resumed by {ME}" in resumed[0]["detail"]
