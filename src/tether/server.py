@@ -65,7 +65,15 @@ from tether.web_security import (
     strict_json,
     token_problem,
 )
-from tether.webhooks import WebhookSource, check_type, normalise, parse_sources, sign, verify
+from tether.webhooks import (
+    BadSignature,
+    WebhookSource,
+    check_type,
+    normalise,
+    parse_sources,
+    sign,
+    verify,
+)
 
 try:
     from fastapi import FastAPI, Header, Query, Request
@@ -324,9 +332,8 @@ def create_app(harness: Harness, config: ServerConfig) -> FastAPI:
         try:
             verify(sender, x_tether_timestamp, x_tether_signature, body, config.tolerance,
                    time.time())
-        except HTTPRefusal as refusal:
-            if "signature" in str(refusal):
-                limiter.failed(client_of(request.scope))
+        except BadSignature:
+            limiter.failed(client_of(request.scope))
             raise
         try:
             hook = Hook.model_validate(strict_json(body))

@@ -78,6 +78,13 @@ def normalise(sources: Mapping[str, WebhookSource | str]) -> dict[str, WebhookSo
             for name, s in sources.items()}
 
 
+class BadSignature(HTTPRefusal):
+    """A delivery whose signature does not match: a failed credential, limited per client."""
+
+    def __init__(self) -> None:
+        super().__init__(401, "the webhook signature does not match its body and timestamp")
+
+
 def sign(secret: str, timestamp: str, body: bytes) -> str:
     """The signature a webhook sender puts in ``X-Tether-Signature``."""
     digest = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
@@ -89,7 +96,7 @@ def verify(source: WebhookSource, timestamp: str, signature: str, body: bytes,
     """Refuse (401) a delivery whose signature or timestamp is wrong."""
     if not hmac.compare_digest(sign(source.secret, timestamp, body).encode(),
                                signature.encode("utf-8", "surrogateescape")):
-        raise HTTPRefusal(401, "the webhook signature does not match its body and timestamp")
+        raise BadSignature
     if not _TIMESTAMP.fullmatch(timestamp) or not math.isfinite(float(timestamp)):
         raise HTTPRefusal(401, "X-Tether-Timestamp must be Unix seconds (digits, optionally"
                                " a fraction)")
