@@ -43,7 +43,7 @@ from tether.cli_render import (
     visible,
     visible_logs,
 )
-from tether.integrity import StoreUnreachable, check_store
+from tether.integrity import Report, StoreUnreachable, check_store
 from tether.store import DEFAULT_URL, open_store
 
 __all__ = ["load_app", "main"]
@@ -391,7 +391,7 @@ def check(ctx: click.Context, as_json: bool) -> None:
 
     Exit status: 0 nothing wrong, 1 problems found, 2 the store could not be opened.
     """
-    async def go() -> Any:
+    async def go() -> Report:
         harness = app_harness(ctx)
         try:
             _refuse_missing_file(harness)
@@ -401,7 +401,7 @@ def check(ctx: click.Context, as_json: bool) -> None:
 
     try:
         report = asyncio.run(go())
-    except (StoreUnreachable, tt.TetherError) as exc:
+    except tt.TetherError as exc:  # StoreUnreachable, or a store URL that names no store
         error(exc)
         raise SystemExit(2) from None
     if as_json:

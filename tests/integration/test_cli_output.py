@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 import tether as tt
 from tether.cli import main
-from tether.cli_render import visible
+from tether.cli_render import json_text, visible
 from tether.model import Frame, Snapshot, Status, TaskRecord
 
 MARKUP = "[INST] hi [/INST] [/] [bold red]loud[/bold red] [link=http://evil.example]x[/link]"
@@ -111,6 +111,8 @@ def test_visible_escapes_what_acts_on_a_terminal_and_keeps_text() -> None:
     assert visible("one\ntwo", one_line=True) == "one\\x0atwo"
     every = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF)
     assert harmful(visible(every).replace("\u200d", "")) == []
+    as_json = json_text({"every": every})
+    assert harmful(as_json.replace("\u200d", "")) == [] and json.loads(as_json) == {"every": every}
 
 
 def test_ls_lists_every_task_though_some_ids_hold_markup_and_escapes(store_url: str) -> None:
