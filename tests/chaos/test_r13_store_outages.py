@@ -103,6 +103,10 @@ def check_outcome(store: str, site: Site, workers: list[ChildProcess]) -> list[t
     memos = Counter(row[0] for row in app.ledger_query(
         site.ledger, "SELECT memo FROM refunds WHERE memo IS NOT NULL"))
     assert len(memos) == TASKS and set(memos.values()) == {1}, memos
+    # a worker still waiting out a back-off delay (up to 5 s) when the others finished the
+    # work logs the end of its outage at its next attempt
+    wait_until("each worker to log the end of its outage", lambda: all(
+        OUTAGE_ENDED.search(c.stderr_path.read_text(errors="replace")) for c in workers), workers)
     ridden = []
     for child in workers:
         log = child.stderr_path.read_text(errors="replace")
