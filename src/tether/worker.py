@@ -85,8 +85,11 @@ class Worker:
         self._fatal: CorruptStore | None = None
         self._changed = asyncio.Event()
 
-    async def run(self, until_idle: bool, stop: asyncio.Event | None = None) -> None:
-        """Claim and run tasks until stopped (or, with *until_idle*, until none is left)."""
+    async def run(self, until_idle: bool, stop: asyncio.Event | None = None,
+                  wake_waiting: bool = False) -> None:
+        """Claim and run tasks until stopped (or, with *until_idle*, until none is left).
+        With *wake_waiting*, first have every waiting task re-checked once (R16), riding out
+        a store that is not there yet like any other outage."""
         keeper = asyncio.create_task(self._keep_alive())
         try:
             while not (stop and stop.is_set()) and self._fatal is None:
@@ -95,6 +98,9 @@ class Worker:
                         await self.harness.store.ping()
                         self.outage.succeeded()
                         await self._renew_all()  # keep what was not taken over meanwhile
+                    if wake_waiting:
+                        await self.harness.wake_waiting()
+                        wake_waiting = False
                     await self._release_stranded()
                     claimed = await self._fill()
                 except StoreUnavailable as error:

@@ -196,6 +196,38 @@ def test_r13_workers_ride_out_a_sqlite_write_lock_held_past_the_busy_timeout(
           f" (seconds, failed attempts): {ridden}")
 
 
+@pytest.mark.postgres
+async def test_r13_after_a_postgres_restart_one_call_fails_and_the_pool_drops_the_rest(
+        cluster: Cluster) -> None:
+    """Every pooled connection breaks with a restart. The first call to meet one gets
+    StoreUnavailable; the store then drops the pool's other broken connections, so the calls
+    after it are served by fresh ones instead of each meeting a broken connection in turn."""
+    from tether.errors import StoreUnavailable
+    from tether.store.conformance.helpers import make_task
+    from tether.store.postgres import PostgresStore
+
+    store = PostgresStore(cluster.url, max_size=6)
+    try:
+        await make_task(store, "t1")
+
+        async def slow_read() -> None:
+            await store._rows("SELECT pg_sleep(0.05)")
+
+        await asyncio.gather(*(slow_read() for _ in range(6)))  # six connections opened
+        assert store._pool.get_stats()["pool_available"] >= 4
+        cluster.stop("fast")
+        cluster.start()
+        outcomes = []
+        for _ in range(10):
+            try:
+                outcomes.append((await store.get_task("t1")).task_id)
+            except StoreUnavailable:
+                outcomes.append("unavailable")
+        assert outcomes.count("unavailable") <= 1 and outcomes[1:] == ["t1"] * 9, outcomes
+    finally:
+        await store.close()
+
+
 LOCKER = """
 import os, sqlite3, sys, time
 db = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=60)

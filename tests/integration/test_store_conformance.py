@@ -120,3 +120,32 @@ async def test_postgres_integrity_check_names_a_missing_head_and_a_missing_table
                 conn.execute("ALTER TABLE blobs_elsewhere RENAME TO blobs")
     finally:
         await store.close()
+
+
+async def test_postgres_server_away_is_unavailable_and_a_refused_login_is_not(
+        pg_url: str) -> None:
+    """Issue 13: a server that does not answer is StoreUnavailable (workers ride it out); a
+    database the server says does not exist is a configuration error (plain StoreError)."""
+    import socket
+
+    from tether.errors import StoreError, StoreUnavailable
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    away = open_store(f"postgresql://tether@127.0.0.1:{closed_port}/tether")
+    try:
+        with pytest.raises(StoreUnavailable, match="unavailable for now"):
+            await away.get_task("t1")
+        with pytest.raises(StoreUnavailable):
+            await away.ping()
+    finally:
+        await away.close()
+    base = pg_url.rpartition("/")[0]
+    wrong = open_store(f"{base}/no_such_database_{uuid.uuid4().hex[:8]}")
+    try:
+        with pytest.raises(StoreError, match="does not exist") as raised:
+            await wrong.get_task("t1")
+        assert not isinstance(raised.value, StoreUnavailable)
+    finally:
+        await wrong.close()

@@ -62,6 +62,7 @@ class Switch:
         self.down = False
         self.error: Exception = StoreUnavailable("test: the store is away")
         self.refused: Counter[str] = Counter()
+        self.answered: Counter[str] = Counter()
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.inner, name)
@@ -72,7 +73,9 @@ class Switch:
             if self.down:
                 self.refused[name] += 1
                 raise self.error
-            return await attr(*args, **kwargs)
+            result = await attr(*args, **kwargs)
+            self.answered[name] += 1
+            return result
 
         return call
 
@@ -197,4 +200,29 @@ async def test_a_worker_told_to_stop_during_an_outage_stops() -> None:
     stop.set()
     await asyncio.wait_for(run, 10)
     switch.down = False
+    await h.close()
+
+
+async def test_a_worker_started_while_the_store_is_away_waits_for_it() -> None:
+    """Started during an outage, the worker does not exit: it re-checks the waiting tasks
+    (R16) and runs the others once the store answers."""
+    switch = Switch(open_store("memory://"))
+    h, state = app(switch)
+    state["gate"].set()
+    task_id = await h.submit("payer", "o1")
+    switch.down = True
+    worker = fast(Worker(h, 1))
+    stop = asyncio.Event()
+    run = asyncio.create_task(worker.run(until_idle=False, stop=stop, wake_waiting=True))
+    await until(lambda: switch.refused["ping"] >= 3, "three attempts")
+    assert not run.done() and switch.refused["wake_all"] == 1 and switch.answered["wake_all"] == 0
+    switch.down = False
+    await until(lambda: switch.answered["wake_all"] == 1, "the waiting tasks to be woken")
+
+    async def completed() -> bool:
+        return (await h.get(task_id)).record.status is tt.Status.COMPLETED
+
+    await until(completed, "the task to complete")
+    stop.set()
+    await asyncio.wait_for(run, 10)
     await h.close()
