@@ -39,6 +39,7 @@ from tether.errors import (
     StoreError,
     StoreUnavailable,
     TetherError,
+    VersionNotFound,
 )
 from tether.model import Status
 from tether.recovery import hand_to_person, restore
@@ -227,6 +228,9 @@ class Worker:
             self.harness.log.error("%s", error)
             self._fatal = self._fatal or error
             self._changed.set()
+        except Exception:  # a bug: say so, and leave the task to recovery
+            self.harness.log.exception("task %s: could not be run here; leaving it for"
+                                       " recovery", claim.task_id)
         finally:
             if self.active.get(claim.task_id) is this:
                 del self.active[claim.task_id]
@@ -306,7 +310,7 @@ async def _run_task(harness: Harness, claim: Claim, steps: bool) -> Status | Non
         harness.log.error("%s", error)
         await store.release(claim, hold_until=time.time() + 4 * harness.settings.lease_seconds)
         return None
-    except CorruptSnapshot as error:
+    except (CorruptSnapshot, VersionNotFound) as error:  # no head to run it from: damage
         await store.set_status(claim, Status.NEEDS_HUMAN, str(error))
         return await _hand_over(harness, claim, Status.NEEDS_HUMAN)
     harness.runners[claim.task_id] = runner

@@ -245,3 +245,28 @@ def test_the_cli_reports_a_damaged_store_in_one_line(healthy: Path, command: lis
 
 def test_cli_store_error_classes_are_tether_errors() -> None:
     assert issubclass(CorruptStore, tt.StoreError)
+
+
+async def test_a_task_whose_head_row_is_gone_goes_to_a_person_instead_of_crash_looping(
+        tmp_path: Path) -> None:
+    """The worker meets the damage when it loads the task: the task is handed to a person
+    naming it, once, instead of its lease lapsing and every worker failing on it in turn."""
+    path = tmp_path / "t.db"
+    h = tt.Harness(f"sqlite:///{path}", settings=tt.Settings(lease_seconds=0.3,
+                                                             poll_interval=0.01))
+
+    @h.agent("echo")
+    class Echo(tt.Agent):
+        async def plan(self, t: tt.TaskView) -> tt.Action:
+            return tt.Finish(1)
+
+    task_id = await h.submit("echo", "x")
+    db = sqlite3.connect(path)
+    db.execute("DELETE FROM snapshots WHERE task_id = ?", (task_id,))
+    db.commit()
+    db.close()
+    await h.run_until_idle(timeout=20)
+    record = await h.store.get_task(task_id)
+    assert record.status is Status.NEEDS_HUMAN, record
+    assert record.reason is not None and "version 1" in record.reason, record.reason
+    await h.close()

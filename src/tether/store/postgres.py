@@ -338,7 +338,8 @@ class PostgresStore:
             rows = await self._rows("SELECT version, head FROM snapshots WHERE task_id = %s"
                                     " AND version = %s", (task_id, version))
         if not rows:
-            await self.get_task(task_id)
+            record = await self.get_task(task_id)
+            version = record.head_version if version is None else version  # named below
             kept = [v for v, _, _ in await self.list_versions(task_id)]
             raise VersionNotFound(f"task {task_id}: version {version} is not kept (kept: {kept})")
         return int(rows[0][0]), bytes(rows[0][1])

@@ -405,7 +405,7 @@ class SQLiteStore:
                 (task_id,),
             ).fetchone()
             if row is None:
-                await self.get_task(task_id)
+                version = (await self.get_task(task_id)).head_version  # named in the error
         else:
             await self.get_task(task_id)
             row = self._db.execute(
