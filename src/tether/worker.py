@@ -143,8 +143,13 @@ class Worker:
         """Hand over cleanly the tasks an outage stopped, now that the store answers (a
         task another worker took meanwhile is its own: LeaseLost is fine)."""
         while self._stranded:
-            with contextlib.suppress(LeaseLost):
-                await self.harness.store.release(self._stranded[0])
+            claim = self._stranded[0]
+            try:
+                await self.harness.store.release(claim)
+            except LeaseLost:
+                self.harness.log.warning("task %s: lease lost to another worker while the store"
+                                         " was unavailable; that worker carries it on",
+                                         claim.task_id)
             self._stranded.pop(0)
 
     async def _fill(self) -> bool:
