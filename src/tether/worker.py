@@ -119,6 +119,8 @@ class Worker:
 
     async def _pause(self, delay: float, stop: asyncio.Event | None) -> None:
         """Wait out one back-off delay, or less if told to stop or the store failed for good."""
+        if self._fatal is not None:
+            return
         self._changed.clear()
         waiters = [asyncio.ensure_future(self._changed.wait())]
         if stop:
@@ -224,7 +226,7 @@ class Worker:
         try:
             await _run(self.harness, claim, steps=True)
         except Stranded as stranded:
-            self.outage.failed(stranded.error)
+            self.outage.noted(stranded.error)
             self.harness.log.info("task %s: stopped by the store outage; it goes on from its"
                                   " last checkpoint", claim.task_id)
             if stranded.releasable:
@@ -255,7 +257,7 @@ class Worker:
                 try:
                     await self._look_after(task_id, claim, renew)
                 except StoreUnavailable as error:
-                    self.outage.failed(error)
+                    self.outage.noted(error)
                     reached = False
                     break
                 except Exception:  # one task's trouble must not stop the others' renewals

@@ -52,8 +52,13 @@ class Outage:
         return self.began is not None
 
     def failed(self, error: BaseException) -> float:
-        """Note a failed attempt; returns how long to wait before the next one. The first
-        failure of an outage is logged as a WARNING; the others are only counted."""
+        """Note a failed attempt; returns how long to wait before the next one."""
+        self.noted(error)
+        return self.backoff.next()
+
+    def noted(self, error: BaseException) -> None:
+        """Note a failure met elsewhere (a task's write, a renewal) without waiting on it.
+        The first failure of an outage is logged as a WARNING; the others are only counted."""
         self.last_error = error
         self.failures += 1
         if self.began is None:
@@ -62,7 +67,6 @@ class Outage:
             self.log.warning("store unavailable: %s; riding it out (retrying with back-off up"
                              " to %.0f s); tasks whose leases lapse meanwhile are taken up"
                              " again from their last checkpoint", error, self.backoff.cap)
-        return self.backoff.next()
 
     def succeeded(self) -> bool:
         """Note a successful store call; True (logged once, as INFO) if it ends an outage."""
