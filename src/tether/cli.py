@@ -184,12 +184,17 @@ def _on_stop_signal(stop: asyncio.Event, signum: int, harness: tt.Harness) -> No
 @click.option("--tokens", envvar="TETHER_TOKENS", default="",
               help="Bearer tokens and roles: 'tok1:operator,tok2:read' (or TETHER_TOKENS).")
 @click.option("--webhook-secrets", envvar="TETHER_WEBHOOK_SECRETS", default="",
-              help="Webhook sources and secrets: 'github:s3cret,...' (or TETHER_WEBHOOK_SECRETS).")
+              help="Webhook sources, secrets (16+ bytes) and the event types each may send:"
+                   " 'github:SECRET:approval|upstream_ready,billing:SECRET:*'; without a list,"
+                   " any type but the levers (or TETHER_WEBHOOK_SECRETS).")
+@click.option("--forwarded-allow-ips", default=None,
+              help="Proxies whose X-Forwarded-For/-Proto headers are believed (e.g. '10.0.0.5');"
+                   " by default none, so no local process can pose as another client or as HTTPS.")
 @click.option("--with-worker", is_flag=True, help="Also run a worker in this process.")
 @click.option("--concurrency", default=4, show_default=True, help="Tasks that worker runs at once.")
 @harness_command
 async def serve(harness: tt.Harness, host: str, port: int, tokens: str, webhook_secrets: str,
-                with_worker: bool, concurrency: int) -> None:
+                forwarded_allow_ips: str | None, with_worker: bool, concurrency: int) -> None:
     """Serve the HTTP API (and, with --with-worker, run tasks too)."""
     import uvicorn
 
@@ -198,8 +203,9 @@ async def serve(harness: tt.Harness, host: str, port: int, tokens: str, webhook_
     config = ServerConfig.from_text(tokens, webhook_secrets)
     if not config.tokens:
         raise click.UsageError("give at least one token (--tokens or TETHER_TOKENS)")
-    server = uvicorn.Server(uvicorn.Config(create_app(harness, config), host=host, port=port,
-                                           log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(
+        create_app(harness, config), host=host, port=port, log_level="warning",
+        proxy_headers=forwarded_allow_ips is not None, forwarded_allow_ips=forwarded_allow_ips))
     stop = asyncio.Event()
     worker = asyncio.create_task(harness.serve(concurrency, stop=stop)) if with_worker else None
     try:

@@ -15,7 +15,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from tether import degrade, recovery, timers
-from tether.errors import InboxFull, InvalidInput, TaskNotFound, TetherError
+from tether.errors import InboxFull, InvalidInput, StoreUnavailable, TaskNotFound, TetherError
 from tether.model import (
     EmitReceipt,
     Event,
@@ -96,6 +96,8 @@ async def apply_event(runner: Runner, stored: StoredEvent) -> None:
         runner.applied_levers.add(event.id)  # a later rollback in this tick keeps levers applied
         try:
             await _control(runner, event)
+        except StoreUnavailable:
+            raise  # the store is away: the lever stays pending, applied once it is back
         except TetherError as error:
             runner.log_recovery(f"{event.type}_failed", event.id, str(error))
             runner.done_event(event.id, "failed")

@@ -331,8 +331,7 @@ class Harness:
 
     async def serve(self, concurrency: int = 4, stop: asyncio.Event | None = None) -> None:
         """Run as a long-lived worker: claim, run and recover tasks until *stop* is set."""
-        await self.wake_waiting()
-        await Worker(self, concurrency).run(until_idle=False, stop=stop)
+        await Worker(self, concurrency).run(until_idle=False, stop=stop, wake_waiting=True)
 
     async def wake_waiting(self) -> int:
         """Have every waiting task re-checked once (R16): an approval may have come meanwhile."""
@@ -361,7 +360,7 @@ class Harness:
             self.bundle_dir.mkdir(parents=True, exist_ok=True)
             (self.bundle_dir / f"{check_task_id(task_id)}.json").write_bytes(dumps_bundle(bundle))
         if self.notifier is None:
-            self.log.warning("task %s needs a person: %s", task_id, bundle["reason"])
+            self.log.warning("task %s needs a person: %r", task_id, bundle["reason"])
             return
         outcome = self.notifier(bundle)
         if inspect.isawaitable(outcome):

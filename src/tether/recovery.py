@@ -440,7 +440,8 @@ def _skip_call(runner: Runner, call: CallState, by: str) -> None:
     snap = runner.snap
     frame = snap.frame
     skipped = {"tool": call.tool, "key": call.key, "skipped": True, "by": by}
-    runner.append_history({"role": "tool", "name": call.tool, "key": call.key, "skipped": True})
+    runner.append_history({"role": "tool", "name": call.tool, "key": call.key, "content": None,
+                           "skipped": True})
     frame.last_tool_result = None
     frame.last_tool_error = skipped
     frame.agenda.pop(0)
@@ -453,7 +454,7 @@ async def human_resume(runner: Runner, event: Event) -> None:
     """A person resumes a paused, waiting or parked task, optionally amending it."""
     snap = runner.snap
     assert event.id is not None
-    payload = event.payload or {}
+    payload = event.payload if isinstance(event.payload, dict) else {}
     undecided = call_awaiting_decision(snap, runner.harness.tools)
     if undecided is not None and not snap.status.is_terminal:
         raise InDoubtCall(in_doubt_message(snap.task_id, undecided))

@@ -6,6 +6,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from test_sigkill_recovery import children, paths  # noqa: F401  (fixtures other chaos files use)
 
 TORTURE_STATS = pytest.StashKey[dict[str, Any]]()
 
