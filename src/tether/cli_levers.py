@@ -12,7 +12,7 @@ import click
 import tether as tt
 from tether.cli_app import harness_command, json_arg, who
 from tether.cli_render import echo
-from tether.recovery import DECISIONS
+from tether.decisions import DECISIONS
 
 
 @click.command()

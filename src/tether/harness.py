@@ -21,6 +21,7 @@ from typing import Any, TypeVar, overload
 from tether import blobs
 from tether.agent import Agent
 from tether.bundle import dumps_bundle, export_bundle
+from tether.decisions import DECISIONS, call_awaiting_decision, in_doubt_message
 from tether.errors import (
     ConfigurationError,
     IllegalTransition,
@@ -43,7 +44,6 @@ from tether.model import (
 )
 from tether.model import to_plain as _to_plain
 from tether.protocol import RESERVED_EVENTS, InterruptionProtocol, Rule
-from tether.recovery import DECISIONS, call_awaiting_decision, in_doubt_message
 from tether.resources import ResourceKind, ResourceKinds
 from tether.runner import Runner, newest_readable
 from tether.settings import Settings

@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from tether import blobs, timers
+from tether.decisions import DECISIONS, args_text, call_awaiting_decision, in_doubt_message
 from tether.errors import IllegalTransition, InDoubtCall, InvalidInput, TetherError, VersionNotFound
 from tether.failpoints import failpoint
 from tether.model import (
@@ -29,15 +30,11 @@ from tether.model import (
 from tether.tools import Tool, ToolContext, describe_error, failure_fingerprint
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-
     from tether.runner import Runner
     from tether.store import Store
 
 log = logging.getLogger("tether.recovery")
 
-DECISIONS = ("happened", "not_happened", "skip")
-"""What a person may say about a call whose outcome is unknown."""
 
 
 def log_record(runner: Runner, strategy: str, event_id: int | None, detail: str) -> dict[str, Any]:
@@ -139,7 +136,7 @@ async def resolve_in_doubt(runner: Runner) -> None:
         return
     if tool.reconcile_fn is None:
         await hand_to_person(runner, f"outcome unknown: side-effecting call {call.tool}"
-                             f"({_args_text(call)}) key={call.key} was in flight when the worker"
+                             f"({args_text(call)}) key={call.key} was in flight when the worker"
                              " died and the tool has no reconcile hook; it was not repeated")
         return
     await _reconcile(runner, tool, call)
@@ -293,11 +290,7 @@ async def _give_up(runner: Runner, call: CallState, fingerprint: str) -> None:
     action = await agent.on_event(runner.view(scratch), event)
     if action is not None:
         frame.scratch = scratch
-        frame.last_tool_error = failure
-        frame.agenda.pop(0)
-        frame.steps += 1
-        snap.step += 1
-        snap.call = None
+        _move_past_call(runner, failure)
         if isinstance(action, Replan):
             frame.agenda.clear()  # plan again, now knowing the call failed
         else:
@@ -373,33 +366,6 @@ async def hand_to_person(runner: Runner, reason: str, strategy: str = "needs_hum
     await runner.commit()
 
 
-def call_awaiting_decision(snap: Snapshot, tools: Mapping[str, Tool]) -> CallState | None:
-    """The call in doubt that only a person can settle, if any.
-
-    In doubt means started with no known outcome. A tool that is idempotent or has a
-    reconcile hook settles itself; any other (or one no longer registered here) must not
-    run again until a person says what happened.
-    """
-    call = snap.call
-    if call is None or call.status != "started":
-        return None
-    tool = tools.get(call.tool)
-    if tool is not None and (tool.idempotent or tool.reconcile_fn is not None):
-        return None
-    return call
-
-
-def in_doubt_message(task_id: str, call: CallState) -> str:
-    """Why a plain resume is refused, and the three things a person can say instead."""
-    return (f"task {task_id}: the outcome of {call.tool}({_args_text(call)}) key={call.key} is"
-            " unknown, so a plain resume could repeat it. Say what happened instead:"
-            " 'happened' (give its result; it is not run again), 'not_happened' (it runs now"
-            " with the same idempotency key) or 'skip' (it is dropped). Python:"
-            f" harness.decide({task_id!r}, 'happened', result=...); CLI: tether decide"
-            f" {task_id} happened --result JSON; API: POST /api/tasks/{task_id}/decide;"
-            " or the console's task page.")
-
-
 async def human_decide(runner: Runner, event: Event) -> None:
     """A person settles a call in doubt: it happened, it did not, or skip it (R10, R26)."""
     snap = runner.snap
@@ -437,13 +403,17 @@ _DECIDED = {"happened": "had happened; its result is recorded and it is not run 
 
 def _skip_call(runner: Runner, call: CallState, by: str) -> None:
     """Drop a call in doubt: the agent sees it was skipped and plans on from there."""
-    snap = runner.snap
-    frame = snap.frame
-    skipped = {"tool": call.tool, "key": call.key, "skipped": True, "by": by}
     runner.append_history({"role": "tool", "name": call.tool, "key": call.key, "content": None,
                            "skipped": True})
-    frame.last_tool_result = None
-    frame.last_tool_error = skipped
+    runner.snap.frame.last_tool_result = None
+    _move_past_call(runner, {"tool": call.tool, "key": call.key, "skipped": True, "by": by})
+
+
+def _move_past_call(runner: Runner, error: dict[str, Any]) -> None:
+    """Leave the frame's current call behind without a result: the agent sees *error*."""
+    snap = runner.snap
+    frame = snap.frame
+    frame.last_tool_error = error
     frame.agenda.pop(0)
     frame.steps += 1
     snap.step += 1
@@ -588,10 +558,6 @@ def _reopen_call(snap: Snapshot) -> None:
     if snap.call is not None and snap.stack and snap.frame.agenda:
         snap.frame.agenda[0].pop("open_call", None)
     snap.call = None
-
-
-def _args_text(call: CallState) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in call.args.items())[:200]
 
 
 def retry_now(runner: Runner, event: Event) -> None:
