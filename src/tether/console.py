@@ -22,7 +22,7 @@ import orjson
 
 from tether.errors import TetherError
 from tether.harness import Harness
-from tether.model import Status
+from tether.model import LARGEST_COUNT, Status
 from tether.timers import local_time
 from tether.web_security import FailureLimiter, Role, TokenTable, client_of, operator_id
 
@@ -52,7 +52,6 @@ from tether.console_sessions import (
 ORDER = [Status.NEEDS_HUMAN, Status.RUNNING, Status.PAUSED, Status.WAITING, Status.PENDING,
          Status.FAILED, Status.COMPLETED, Status.CANCELLED]
 DECISIONS = ("happened", "not_happened", "skip")
-LARGEST_VERSION = 1 << 62
 _templates = Environment(loader=PackageLoader("tether", "templates"),
                          autoescape=select_autoescape(["html"]))
 
@@ -155,8 +154,8 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
                     describe=_describe, detail=_detail)
 
     @app.get("/console/tasks/{task_id}/diff", response_class=HTMLResponse, include_in_schema=False)
-    async def diff(request: Request, task_id: str, a: int = Query(ge=1, le=LARGEST_VERSION),
-                   b: int = Query(ge=1, le=LARGEST_VERSION)) -> Response:
+    async def diff(request: Request, task_id: str, a: int = Query(ge=1, le=LARGEST_COUNT),
+                   b: int = Query(ge=1, le=LARGEST_COUNT)) -> Response:
         session = session_of(request)
         if session is None:
             return RedirectResponse("/console", 303)
@@ -195,7 +194,7 @@ async def _pull(harness: Harness, task_id: str, lever: str, form: Any, by: str) 
         await harness.resume(task_id, message=str(form.get("message") or "") or None, by=by)
     elif lever == "rollback":
         version = int(str(form.get("version")))
-        if not 1 <= version <= LARGEST_VERSION:
+        if not 1 <= version <= LARGEST_COUNT:
             raise ValueError(f"no version {version}")
         await harness.rollback(task_id, version, by=by)
     elif lever == "cancel":

@@ -39,6 +39,7 @@ from tether.model import (
     Snapshot,
     Status,
     TaskRecord,
+    check_count,
     check_task_id,
     new_id,
 )
@@ -185,9 +186,8 @@ class Harness:
         ahead). A deadline that passes fires ``task_timeout``, which stops the task as
         failed (E6). *max_steps* overrides ``Settings.max_steps`` for this task.
         """
-        if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int)
-                                      or not 1 <= max_steps < 2**62):
-            raise InvalidInput(f"max_steps must be a positive integer, not {max_steps!r}")
+        if max_steps is not None:
+            check_count(max_steps, "max_steps")
         if agent not in self.agents:
             known = ", ".join(sorted(self.agents)) or "none"
             raise UnknownAgent(f"no agent {agent!r} is registered (known: {known})")
@@ -273,8 +273,7 @@ class Harness:
         prune the version before it is applied cannot make the rollback fail.
         """
         await ensure_task(self.store, check_task_id(task_id))
-        if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version < 2**62:
-            raise InvalidInput(f"version must be a positive integer, not {version!r}")
+        check_count(version, "version")
         _, head = await self.store.load_head(task_id, version)  # large values stay referenced
         Snapshot.loads(await blobs.resolve(self.store, head, task_id, version), task_id,
                        version)  # a damaged version is refused here, by name
@@ -299,6 +298,7 @@ class Harness:
             runner.notify(2)
 
     async def cancel(self, task_id: str, *, by: str | None = None) -> EmitReceipt:
+        await ensure_task(self.store, check_task_id(task_id))
         return await self._control(Event("cancel", task_id, {"by": _who(by)}))
 
     def captured_head(self, event_id: int, version: int) -> bytes | None:
@@ -308,8 +308,8 @@ class Harness:
 
     async def _control(self, event: Event,
                        captured: tuple[int, bytes] | None = None) -> EmitReceipt:
-        """Deliver a control event, and apply it at once if no worker holds the task."""
-        await ensure_task(self.store, check_task_id(event.task_id))
+        """Deliver a control event (to a task the caller has checked exists), and apply it at
+        once if no worker holds the task."""
         receipt = await self._deliver(event)
         if captured is not None and receipt.outcome == "stored":
             self._captured[receipt.event_id] = captured

@@ -134,6 +134,17 @@ TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 with a letter or digit. Ids become file names (bundles) and reach terminals and URLs."""
 
 
+LARGEST_COUNT = 1 << 62
+"""The largest version number or step count accepted (the stores keep 64-bit integers)."""
+
+
+def check_count(value: Any, what: str) -> int:
+    """*value* if it is a whole number from 1 to LARGEST_COUNT, else :class:`InvalidInput`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= LARGEST_COUNT:
+        raise InvalidInput(f"{what} must be a positive integer, not {value!r:.40}")
+    return value
+
+
 def check_task_id(task_id: Any) -> str:
     """*task_id* if it is a valid task id, else :class:`InvalidInput` saying what one is."""
     if isinstance(task_id, str) and TASK_ID.fullmatch(task_id):

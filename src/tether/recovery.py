@@ -25,6 +25,7 @@ from tether.model import (
     Replan,
     Snapshot,
     Status,
+    check_count,
     to_plain,
 )
 from tether.tools import Tool, ToolContext, describe_error, failure_fingerprint
@@ -509,8 +510,7 @@ async def rollback(runner: Runner, event: Event) -> None:
         return
     payload = event.payload if isinstance(event.payload, dict) else {}
     version = payload.get("version")
-    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version < 2**62:
-        raise InvalidInput(f"a rollback names a version number, not {version!r}")
+    version = check_count(version, "the version a rollback names")
     task_id = runner.snap.task_id
     data = await _rollback_target(runner, event.id, version)
     old = Snapshot.loads(data, task_id, version)

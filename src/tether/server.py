@@ -51,9 +51,11 @@ from tether.errors import (
     UnknownEventType,
     VersionNotFound,
 )
+from tether.events import MAX_NAME
 from tether.harness import Harness
-from tether.model import EmitReceipt, Event, Status
+from tether.model import LARGEST_COUNT, EmitReceipt, Event, Status
 from tether.protocol import RESERVED_EVENTS
+from tether.timers import MAX_AHEAD
 from tether.web_security import (
     EdgeGuard,
     FailureLimiter,
@@ -95,11 +97,7 @@ STATUS_FOR: dict[type[TetherError], int] = {
     ReservedEventType: 403, InDoubtCall: 409, StoreUnavailable: 503,
 }
 """Any other TetherError is a 500 (its message scrubbed of paths); 503 comes with Retry-After."""
-LARGEST_VERSION = 1 << 62
-TEN_YEARS = 315_360_000
-"""The furthest a deadline or a start may be, in seconds from now."""
-NAME = 200
-TASK_ID = 128
+TASK_ID = 128  # the longest id model.TASK_ID matches
 LEVER_ROUTES = {"cancel": "/cancel", "resume": "/resume", "rollback": "/rollback",
                 "decide": "/decide"}
 
@@ -151,20 +149,20 @@ class ServerConfig:
 
 
 class NewTask(BaseModel):
-    agent: str = Field(min_length=1, max_length=NAME)
+    agent: str = Field(min_length=1, max_length=MAX_NAME)
     input: Any = None
     task_id: str | None = Field(None, min_length=1, max_length=TASK_ID)
-    deadline: float | None = Field(None, ge=0, le=TEN_YEARS, allow_inf_nan=False,
+    deadline: float | None = Field(None, ge=0, le=MAX_AHEAD, allow_inf_nan=False,
                                    description="seconds from now")
-    not_before: float | None = Field(None, ge=0, le=TEN_YEARS, allow_inf_nan=False,
+    not_before: float | None = Field(None, ge=0, le=MAX_AHEAD, allow_inf_nan=False,
                                      description="seconds from now")
 
 
 class NewEvent(BaseModel):
-    type: str = Field(min_length=1, max_length=NAME)
+    type: str = Field(min_length=1, max_length=MAX_NAME)
     payload: Any = None
     priority: int | None = Field(None, ge=0, le=4)
-    source_event_id: str | None = Field(None, min_length=1, max_length=NAME)
+    source_event_id: str | None = Field(None, min_length=1, max_length=MAX_NAME)
 
 
 class Resume(BaseModel):
@@ -173,7 +171,7 @@ class Resume(BaseModel):
 
 
 class Rollback(BaseModel):
-    version: int = Field(ge=1, le=LARGEST_VERSION)
+    version: int = Field(ge=1, le=LARGEST_COUNT)
     redo_side_effects: bool = False
 
 
@@ -193,9 +191,9 @@ class Decide(BaseModel):
 
 
 class Hook(BaseModel):
-    id: str = Field(min_length=1, max_length=NAME,
+    id: str = Field(min_length=1, max_length=MAX_NAME,
                     description="the sender's id for this delivery: a repeat is stored once")
-    type: str = Field(min_length=1, max_length=NAME)
+    type: str = Field(min_length=1, max_length=MAX_NAME)
     task_id: str = Field(min_length=1, max_length=TASK_ID)
     payload: Any = None
 
@@ -249,7 +247,7 @@ def create_app(harness: Harness, config: ServerConfig) -> FastAPI:
                 "snapshot": orjson.loads(info.snapshot.dumps())}
 
     @app.get("/api/tasks/{task_id}/history")
-    async def history(task_id: str, offset: int = Query(0, ge=0, le=LARGEST_VERSION),
+    async def history(task_id: str, offset: int = Query(0, ge=0, le=LARGEST_COUNT),
                       limit: int = Query(100, ge=1, le=1000)) -> dict[str, Any]:
         rows = await harness.history(task_id)
         return {"total": len(rows), "offset": offset, "rows": rows[offset:offset + limit]}
@@ -327,7 +325,7 @@ def create_app(harness: Harness, config: ServerConfig) -> FastAPI:
         """A signed delivery from a configured source (see the module)."""
         sender = sources.get(source)
         if sender is None:
-            raise HTTPRefusal(404, f"no webhook source {source[:NAME]!r} is configured")
+            raise HTTPRefusal(404, f"no webhook source {source[:MAX_NAME]!r} is configured")
         body = await request.body()
         try:
             verify(sender, x_tether_timestamp, x_tether_signature, body, config.tolerance,

@@ -29,6 +29,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
 from tether.errors import (
@@ -122,15 +123,7 @@ class Worker:
         if self._fatal is not None:
             return
         self._changed.clear()
-        waiters = [asyncio.ensure_future(self._changed.wait())]
-        if stop:
-            waiters.append(asyncio.ensure_future(stop.wait()))
-        try:
-            await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
-            await asyncio.gather(*waiters, return_exceptions=True)
+        await _first_of([self._changed.wait(), *([stop.wait()] if stop else [])], delay)
 
     async def _renew_all(self) -> None:
         for task_id, claim in list(self._claims.items()):
@@ -180,22 +173,11 @@ class Worker:
         """Until a task ends, work is announced by the store (or a poll interval passes), or
         the worker is told to stop."""
         interval = self.harness.settings.poll_interval
-        waiters: set[asyncio.Future[object]] = set(self.active.values())  # type: ignore[arg-type]
         self.harness.work_arrived.clear()
         self._changed.clear()
-        helpers: list[asyncio.Future[Any]] = [
-            asyncio.ensure_future(self._listen(interval)),
-            asyncio.ensure_future(self.harness.work_arrived.wait()),
-            asyncio.ensure_future(self._changed.wait())]
-        if stop:
-            helpers.append(asyncio.ensure_future(stop.wait()))
-        waiters.update(helpers)
-        try:
-            await asyncio.wait(waiters, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for helper in helpers:
-                helper.cancel()
-            await asyncio.gather(*helpers, return_exceptions=True)
+        await _first_of([self._listen(interval), self.harness.work_arrived.wait(),
+                         self._changed.wait(), *([stop.wait()] if stop else [])],
+                        interval, also=self.active.values())
 
     async def _listen(self, interval: float) -> None:
         """The store's notice of new work; if it cannot listen now, a plain poll interval."""
@@ -282,6 +264,20 @@ class Worker:
             fresh = runner.unseen(await self.harness.store.pending_events(task_id))
             if fresh:
                 runner.notify(min(e.priority for e in fresh))
+
+
+async def _first_of(waits: list[Coroutine[Any, Any, Any]], timeout: float,
+                    also: Iterable[asyncio.Future[Any]] = ()) -> None:
+    """Until the first of *waits* (or of the futures in *also*, which are left running) is
+    done, or *timeout* passes; the waits still pending are cancelled."""
+    helpers = [asyncio.ensure_future(wait) for wait in waits]
+    try:
+        await asyncio.wait([*helpers, *also], timeout=timeout,
+                           return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for helper in helpers:
+            helper.cancel()
+        await asyncio.gather(*helpers, return_exceptions=True)
 
 
 async def run_claimed(harness: Harness, claim: Claim, steps: bool = True) -> Status | None:
