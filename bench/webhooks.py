@@ -27,7 +27,7 @@ import httpx
 import orjson
 
 import tether as tt
-from tether.server import sign
+from tether.web.server import sign
 
 HERE = Path(__file__).resolve().parent
 SECRET = "bench-secret"

@@ -5,8 +5,7 @@ prioritised event inbox, versioned snapshots, a resume point before every
 tool call, idempotency keys, bounded recovery and a needs-a-person path.
 """
 
-from tether.agent import Agent, TaskView
-from tether.degrade import Fallback
+from tether.agent import Agent, CutOff, Fallback, TaskView
 from tether.errors import (
     ConfigurationError,
     CorruptSnapshot,
@@ -60,6 +59,7 @@ __all__ = [
     "ConfigurationError",
     "CorruptSnapshot",
     "CorruptStore",
+    "CutOff",
     "EmitReceipt",
     "Event",
     "Fail",

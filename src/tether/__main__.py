@@ -1,3 +1,3 @@
-from tether.cli import main
+from tether.cli.main import main
 
 main()

@@ -10,11 +10,22 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, overload
 
-from tether.degrade import Fallback
 from tether.model import Action, Event, Frame, Snapshot
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """What an agent does while degraded. The default changes nothing but ``task.degraded``."""
+
+    options: Mapping[str, Any] = field(default_factory=dict)
+    tools: frozenset[str] | None = None
+    """Tools still allowed while degraded; None allows every tool."""
+    pause: bool = False
+    """Pause (and ask a person) for as long as the degradation lasts."""
 
 
 class HistoryView(Sequence[Mapping[str, Any]]):
@@ -99,7 +110,7 @@ class TaskView:
     @property
     def degraded(self) -> Mapping[str, Any] | None:
         """The degradation in force (the task's own ``degrade`` event, else the worker's), or
-        None; while set, the agent runs its :class:`~tether.degrade.Fallback` (R3)."""
+        None; while set, the agent runs its :class:`~tether.engine.degrade.Fallback` (R3)."""
         snap = self._snapshot
         mode = snap.degraded or snap.worker_degraded
         return MappingProxyType(mode) if mode is not None else None

@@ -21,7 +21,11 @@ from typing import Any, TypeVar, overload
 from tether import blobs
 from tether.agent import Agent
 from tether.bundle import dumps_bundle, export_bundle
-from tether.decisions import DECISIONS, call_awaiting_decision, in_doubt_message
+from tether.engine.decisions import DECISIONS, call_awaiting_decision, in_doubt_message
+from tether.engine.events import Inbox, ensure_task
+from tether.engine.runner import Runner, newest_readable
+from tether.engine.timers import Moment, due_time
+from tether.engine.worker import Worker, new_worker_id, run_claimed
 from tether.errors import (
     ConfigurationError,
     IllegalTransition,
@@ -30,7 +34,6 @@ from tether.errors import (
     ReservedEventType,
     UnknownAgent,
 )
-from tether.events import Inbox, ensure_task
 from tether.model import (
     EmitReceipt,
     Event,
@@ -46,13 +49,10 @@ from tether.model import (
 from tether.model import to_plain as _to_plain
 from tether.protocol import RESERVED_EVENTS, InterruptionProtocol, Rule
 from tether.resources import ResourceKind, ResourceKinds
-from tether.runner import Runner, newest_readable
 from tether.settings import Settings
 from tether.store import Store, open_store
 from tether.telemetry import Telemetry
-from tether.timers import Moment, due_time
 from tether.tools import RetryPolicy, Tool, ToolFn
-from tether.worker import Worker, new_worker_id, run_claimed
 
 CAPTURED_HEADS = 64
 """Rollback targets this process keeps in memory for its own workers (oldest dropped first)."""

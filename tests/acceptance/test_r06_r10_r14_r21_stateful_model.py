@@ -214,7 +214,7 @@ def test_the_model_catches_a_harness_without_its_idempotency_guard(
     The repeat is seen where the model sees it (its invariant), not in what hypothesis raises
     afterwards: hypothesis replays a failing sequence to report it, and a replay whose timed
     crash lands elsewhere is reported as flaky instead of as the repeat the first run found."""
-    import tether.recovery
+    import tether.engine.recovery
 
     async def rerun_blindly(runner: Any) -> None:
         runner.snap.call.status = "planned"
@@ -230,7 +230,7 @@ def test_the_model_catches_a_harness_without_its_idempotency_guard(
                 repeats.append(str(repeat))
                 raise
 
-    monkeypatch.setattr(tether.recovery, "resolve_in_doubt", rerun_blindly)
+    monkeypatch.setattr(tether.engine.recovery, "resolve_in_doubt", rerun_blindly)
     generate_only = settings(Machine.TestCase.settings, phases=[Phase.generate],
                              report_multiple_bugs=False)
     with pytest.raises(Exception):  # noqa: B017 (the repeat itself is checked below)

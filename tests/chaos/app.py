@@ -410,7 +410,7 @@ def break_guard(name: str) -> None:
       written rides along with the result's commit instead.
     """
     if name == "idempotency":
-        import tether.recovery as recovery_module
+        import tether.engine.recovery as recovery_module
 
         async def rerun_blindly(runner: Any) -> None:
             call = runner.snap.call
@@ -428,7 +428,7 @@ def break_guard(name: str) -> None:
 
         SQLiteStore._check_fence = unfenced  # type: ignore[method-assign]
     elif name == "resume_point":
-        from tether.runner import Runner
+        from tether.engine.runner import Runner
 
         original = Runner.commit
 

@@ -12,7 +12,7 @@ schemathesis = pytest.importorskip("schemathesis", reason="schemathesis is not i
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 import tether as tt  # noqa: E402
-from tether.server import ServerConfig, create_app  # noqa: E402
+from tether.web.server import ServerConfig, create_app  # noqa: E402
 
 _DIR = Path(tempfile.mkdtemp(prefix="tether-schema-"))
 harness = tt.Harness(f"sqlite:///{_DIR / 'schema.db'}")

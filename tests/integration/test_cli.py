@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tether.cli import main
+from tether.cli.main import main
 
 
 @pytest.fixture

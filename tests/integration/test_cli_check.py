@@ -15,8 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 import tether as tt
-from tether.cli import main
-from tether.integrity import check_store
+from tether.cli.integrity import check_store
+from tether.cli.main import main
 from tether.model import Status, TaskRecord
 from tether.store import SQLiteStore
 

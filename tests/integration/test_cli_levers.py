@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tether.cli import main
+from tether.cli.main import main
 
 APP = '''
 import os

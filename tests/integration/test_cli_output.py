@@ -22,8 +22,8 @@ import pytest
 from click.testing import CliRunner
 
 import tether as tt
-from tether.cli import main
-from tether.cli_render import json_text, visible
+from tether.cli.main import main
+from tether.cli.render import json_text, visible
 from tether.model import Frame, Snapshot, Status, TaskRecord
 
 MARKUP = "[INST] hi [/INST] [/] [bold red]loud[/bold red] [link=http://evil.example]x[/link]"

@@ -16,7 +16,7 @@ import uvicorn
 
 import services
 import tether as tt
-from tether.server import ServerConfig, create_app
+from tether.web.server import ServerConfig, create_app
 
 CHROMIUM = "/usr/bin/chromium"
 TOKEN = "operator-token-0123456789abcdef"

@@ -1,6 +1,6 @@
 """The HTTP API over real HTTP on loopback, against a real SQLite store (R3, R23, R26).
 
-uvicorn serves ``tether.server.create_app`` on a free port; httpx talks to it.
+uvicorn serves ``tether.web.server.create_app`` on a free port; httpx talks to it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 import uvicorn
 
 import tether as tt
-from tether.server import ServerConfig, create_app, sign
+from tether.web.server import ServerConfig, create_app, sign
 
 OPERATOR, READER = "operator-token-0123456789abcdef", "reader-token-0123456789abcdef"
 SECRET = "hook-secret-0123456789abcdef"

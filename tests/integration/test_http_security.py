@@ -1,6 +1,6 @@
 """Attacks on the HTTP edge (issue 13), each over real HTTP on loopback against a real store.
 
-uvicorn serves ``tether.server.create_app`` on a free port. Where a client library would tidy
+uvicorn serves ``tether.web.server.create_app`` on a free port. Where a client library would tidy
 the request up (conflicting framing headers, ``..`` in a path, a hand-made Authorization
 header), the request is written byte for byte on a plain socket instead.
 """
@@ -23,8 +23,8 @@ import uvicorn
 
 import tether as tt
 from tether.errors import ConfigurationError
-from tether.server import ServerConfig, create_app, sign
-from tether.web_security import operator_id
+from tether.web.security import operator_id
+from tether.web.server import ServerConfig, create_app, sign
 
 OPERATOR = "operator-token-0123456789abcdef"
 READER = "reader-token-0123456789abcdef"
@@ -396,7 +396,7 @@ async def test_a_webhook_cannot_pull_a_lever(api: Served) -> None:
 
 
 async def test_each_webhook_source_sends_only_the_types_it_is_allowed(tmp_path: Path) -> None:
-    from tether.server import WebhookSource
+    from tether.web.server import WebhookSource
 
     harness = app_harness(tmp_path / "hooks.db")
     config = ServerConfig.from_text(f"{OPERATOR}:operator",

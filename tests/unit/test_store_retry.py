@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 import tether as tt
+from tether.engine.worker import Worker
 from tether.errors import CorruptStore, StoreUnavailable
 from tether.store import open_store
 from tether.store.retry import Backoff, Outage
-from tether.worker import Worker
 
 
 def test_backoff_doubles_from_a_tenth_of_a_second_to_five_seconds_with_jitter() -> None:

@@ -8,9 +8,8 @@ import json
 
 import pytest
 
-from tether.console_sessions import Sessions
 from tether.errors import ConfigurationError
-from tether.web_security import (
+from tether.web.security import (
     FailureLimiter,
     TokenTable,
     bearer_token,
@@ -18,7 +17,8 @@ from tether.web_security import (
     scrub_paths,
     strict_json,
 )
-from tether.webhooks import WebhookSource, parse_sources
+from tether.web.sessions import Sessions
+from tether.web.webhooks import WebhookSource, parse_sources
 
 SECRET = "billing-secret-0123456789abcdef"
 

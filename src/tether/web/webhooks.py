@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from tether.errors import ConfigurationError
 from tether.protocol import RESERVED_EVENTS
-from tether.web_security import HTTPRefusal
+from tether.web.security import HTTPRefusal
 
 ANY = "*"
 SECRET_MIN_BYTES = 16

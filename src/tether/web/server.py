@@ -1,12 +1,12 @@
 """The HTTP API (``tether serve``): read and steer tasks, and take signed webhooks (R3, R23, R26).
 
 **What is open.** Only ``GET /healthz`` and the console's sign-in page (``GET /console``);
-the console's other pages need its session (:mod:`tether.console`), and ``POST
+the console's other pages need its session (:mod:`tether.web.console`), and ``POST
 /hooks/{source}`` needs a valid signature instead of a token. Everything else, the
 OpenAPI schema at ``/openapi.json`` included, needs ``Authorization: Bearer <token>``;
 ``/docs`` and ``/redoc`` are not served. A token is ``read`` (GET only) or ``operator`` (may
 also submit, emit, resume, roll back, cancel and decide), at least 16 bytes long, checked
-before any request body is read (:mod:`tether.web_security`, which also bounds bodies by
+before any request body is read (:mod:`tether.web.security`, which also bounds bodies by
 the bytes received, refuses request-smuggling framing and limits failed credentials per
 client with ``429``).
 
@@ -15,7 +15,7 @@ seconds) and ``X-Tether-Signature: sha256=<hex HMAC-SHA256 of "<timestamp>.<body
 source's secret>``; a timestamp outside ``tolerance`` (or not a finite number) is refused, so
 a captured request cannot be replayed later, and the sender's ``id`` becomes the event's
 ``source_event_id``, so a retried delivery is stored once. Each source may send only the
-event types it is allowed, and never a lever (:mod:`tether.webhooks`). Every accepted event is
+event types it is allowed, and never a lever (:mod:`tether.web.webhooks`). Every accepted event is
 durable before the answer (``202``); a low-priority event refused by backpressure gets
 ``429`` with ``Retry-After``.
 
@@ -34,7 +34,8 @@ from typing import Any, Literal
 
 import orjson
 
-from tether.console import install_console
+from tether.engine.events import MAX_NAME
+from tether.engine.timers import MAX_AHEAD
 from tether.errors import (
     ConfigurationError,
     IllegalTransition,
@@ -51,12 +52,11 @@ from tether.errors import (
     UnknownEventType,
     VersionNotFound,
 )
-from tether.events import MAX_NAME
 from tether.harness import Harness
 from tether.model import LARGEST_COUNT, EmitReceipt, Event, Status
 from tether.protocol import RESERVED_EVENTS
-from tether.timers import MAX_AHEAD
-from tether.web_security import (
+from tether.web.console import install_console
+from tether.web.security import (
     EdgeGuard,
     FailureLimiter,
     HTTPRefusal,
@@ -67,7 +67,7 @@ from tether.web_security import (
     strict_json,
     token_problem,
 )
-from tether.webhooks import (
+from tether.web.webhooks import (
     BadSignature,
     WebhookSource,
     check_type,

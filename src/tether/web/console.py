@@ -1,8 +1,8 @@
 """The web console, served by ``tether serve`` (R2, R26): see every task, step in where needed.
 
-Server-rendered HTML (Jinja2 templates in ``tether/templates``) and a few lines of plain
+Server-rendered HTML (Jinja2 templates in ``tether/web/templates``) and a few lines of plain
 JavaScript for live updates; no front-end build. A person signs in with an API token; the
-browser then holds only a session id (:mod:`tether.console_sessions`: HttpOnly,
+browser then holds only a session id (:mod:`tether.web.sessions`: HttpOnly,
 SameSite=Strict, 8 hours, ended by signing out or by a server restart). A ``read`` token
 can look; an ``operator`` token can also resume, roll back, cancel and decide what became
 of a call in doubt. Every form is checked for its origin and its session's CSRF token.
@@ -20,11 +20,11 @@ from urllib.parse import quote
 
 import orjson
 
+from tether.engine.timers import local_time
 from tether.errors import TetherError
 from tether.harness import Harness
 from tether.model import LARGEST_COUNT, Status
-from tether.timers import local_time
-from tether.web_security import FailureLimiter, Role, TokenTable, client_of, operator_id
+from tether.web.security import FailureLimiter, Role, TokenTable, client_of, operator_id
 
 try:
     from fastapi import FastAPI, Form, Query, Request
@@ -36,7 +36,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ConfigurationError("the console needs FastAPI and Jinja2: pip install 'tether[server]'"
                              ) from exc
 
-from tether.console_sessions import (
+from tether.web.sessions import (
     COOKIE_PATH,
     LOGIN_COOKIE,
     LOGIN_TTL,
@@ -52,7 +52,7 @@ from tether.console_sessions import (
 ORDER = [Status.NEEDS_HUMAN, Status.RUNNING, Status.PAUSED, Status.WAITING, Status.PENDING,
          Status.FAILED, Status.COMPLETED, Status.CANCELLED]
 DECISIONS = ("happened", "not_happened", "skip")
-_templates = Environment(loader=PackageLoader("tether", "templates"),
+_templates = Environment(loader=PackageLoader("tether.web", "templates"),
                          autoescape=select_autoescape(["html"]))
 
 

@@ -15,8 +15,9 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from tether import blobs, timers
-from tether.decisions import DECISIONS, args_text, call_awaiting_decision, in_doubt_message
+from tether import blobs
+from tether.engine import timers
+from tether.engine.decisions import DECISIONS, args_text, call_awaiting_decision, in_doubt_message
 from tether.errors import IllegalTransition, InDoubtCall, InvalidInput, TetherError, VersionNotFound
 from tether.failpoints import failpoint
 from tether.model import (
@@ -31,7 +32,7 @@ from tether.model import (
 from tether.tools import Tool, ToolContext, describe_error, failure_fingerprint
 
 if TYPE_CHECKING:
-    from tether.runner import Runner
+    from tether.engine.runner import Runner
     from tether.store import Store
 
 log = logging.getLogger("tether.recovery")
@@ -169,7 +170,7 @@ async def ask_check_wait(runner: Runner) -> None:
     it is in the dialog, and the agent decides whether it counts) and whenever a waiting
     task is loaded again (it may have happened outside without an event).
     """
-    from tether.events import end_wait
+    from tether.engine.events import end_wait
 
     frame = runner.snap.frame
     wait = frame.wait

@@ -17,8 +17,10 @@ import time
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tether import blobs, degrade, recovery, timers
+from tether import blobs
 from tether.agent import Agent, CutOff, TaskView
+from tether.engine import degrade, recovery, timers
+from tether.engine.events import apply_event
 from tether.errors import (
     CorruptSnapshot,
     InvalidInput,
@@ -27,7 +29,6 @@ from tether.errors import (
     ToolTimeout,
     UnknownAgent,
 )
-from tether.events import apply_event
 from tether.failpoints import failpoint
 from tether.model import (
     Action,

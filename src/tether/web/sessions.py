@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
-from tether.web_security import origin_of
+from tether.web.security import origin_of
 
 SESSION_COOKIE = "tether_session"
 LOGIN_COOKIE = "tether_login"

@@ -32,6 +32,8 @@ import uuid
 from collections.abc import Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
+from tether.engine.recovery import hand_to_person, restore
+from tether.engine.runner import Runner
 from tether.errors import (
     CorruptSnapshot,
     CorruptStore,
@@ -43,8 +45,6 @@ from tether.errors import (
     VersionNotFound,
 )
 from tether.model import Status
-from tether.recovery import hand_to_person, restore
-from tether.runner import Runner
 from tether.store import Claim
 from tether.store.retry import Outage
 

@@ -26,7 +26,7 @@ from tether.errors import InvalidInput
 from tether.model import Event, Frame, Snapshot, Status
 
 if TYPE_CHECKING:
-    from tether.runner import Runner
+    from tether.engine.runner import Runner
 
 Moment = float | int | timedelta | datetime
 """Seconds from now, a timedelta from now, or a timezone-aware datetime."""
@@ -164,7 +164,7 @@ def is_wait_timer(event: Event) -> bool:
 
 def time_out_wait(runner: Runner, event: Event) -> str:
     """A wait's timer: end that wait with a timeout marker, unless it already ended."""
-    from tether.events import end_wait
+    from tether.engine.events import end_wait
 
     timer = event.payload["timer"]
     frame = next((f for f in reversed(runner.snap.stack)
@@ -182,7 +182,7 @@ def time_out_wait(runner: Runner, event: Event) -> str:
 
 def miss_deadline(runner: Runner, event: Event) -> str | None:
     """The task's deadline passed: stop it as failed. A person may resume it (without one)."""
-    from tether import recovery
+    from tether.engine import recovery
 
     snap = runner.snap
     if snap.deadline_at is None or snap.status not in DEADLINE_APPLIES:

@@ -5,9 +5,9 @@ import path (``--app myapp.agents:harness``, as uvicorn and celery do); the
 built-in examples are the default. ``--store`` (or ``TETHER_STORE``) picks
 the store. Every listing takes ``--json``. Errors are one line and exit 1.
 
-What tasks hold is printed literally and harmlessly (:mod:`tether.cli_render`);
-loading the app and running a command with its harness is :mod:`tether.cli_app`;
-the levers are :mod:`tether.cli_levers`.
+What tasks hold is printed literally and harmlessly (:mod:`tether.cli.render`);
+loading the app and running a command with its harness is :mod:`tether.cli.app`;
+the levers are :mod:`tether.cli.levers`.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ from rich.text import Text
 
 import tether as tt
 from tether.bundle import dumps_bundle
-from tether.cli_app import DEFAULT_APP, app_harness, harness_command, json_arg, load_app, moment
-from tether.cli_levers import LEVERS
-from tether.cli_render import (
+from tether.cli.app import DEFAULT_APP, app_harness, harness_command, json_arg, load_app, moment
+from tether.cli.integrity import Report, StoreUnreachable, check_store
+from tether.cli.levers import LEVERS
+from tether.cli.render import (
     console,
     echo,
     error,
@@ -43,7 +44,6 @@ from tether.cli_render import (
     visible,
     visible_logs,
 )
-from tether.integrity import Report, StoreUnreachable, check_store
 from tether.store import DEFAULT_URL, open_store
 
 __all__ = ["load_app", "main"]
@@ -198,7 +198,7 @@ async def serve(harness: tt.Harness, host: str, port: int, tokens: str, webhook_
     """Serve the HTTP API (and, with --with-worker, run tasks too)."""
     import uvicorn
 
-    from tether.server import ServerConfig, create_app
+    from tether.web.server import ServerConfig, create_app
 
     config = ServerConfig.from_text(tokens, webhook_secrets)
     if not config.tokens:

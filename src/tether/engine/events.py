@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from tether import degrade, recovery, timers
+from tether.engine import degrade, recovery, timers
 from tether.errors import InboxFull, InvalidInput, StoreUnavailable, TaskNotFound, TetherError
 from tether.model import (
     EmitReceipt,
@@ -32,7 +32,7 @@ from tether.settings import Settings
 from tether.store import InboxLimits, Store, StoredEvent
 
 if TYPE_CHECKING:
-    from tether.runner import Runner
+    from tether.engine.runner import Runner
 
 
 MAX_NAME = 200

@@ -18,7 +18,7 @@ import click
 import orjson
 
 import tether as tt
-from tether.cli_render import error
+from tether.cli.render import error
 
 T = TypeVar("T")
 DEFAULT_APP = "tether.examples:demo_app"

@@ -13,7 +13,7 @@
    record is in memory and bounded (:class:`FailureLimiter`): behind a reverse proxy, run
    uvicorn with proxy headers from that proxy only, or every client shares its address.
 3. **Bearer token, before any body is read.** Every path but ``/healthz``, the console
-   (its own session cookies, :mod:`tether.console_sessions`) and the signed ``/hooks/``
+   (its own session cookies, :mod:`tether.web.sessions`) and the signed ``/hooks/``
    needs ``Authorization: Bearer <token>`` (scheme in any case, one space, the token): the
    token is compared in constant time with every configured one. ``GET``/``HEAD`` need a
    ``read`` or ``operator`` token, anything else an ``operator`` token (``403``). New

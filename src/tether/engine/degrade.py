@@ -18,30 +18,17 @@ by the task's own loop, between steps.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tether.model import Event, Snapshot, Status
 
 if TYPE_CHECKING:
-    from tether.runner import Runner
+    from tether.engine.runner import Runner
 
 DEGRADE_EVENTS = frozenset({"degrade", "recover"})
 PAUSED_BY_DEGRADE = "degrade_paused"
 """Key in ``Snapshot.signals`` marking a pause that recovery should end (a person's pause
 is never ended by a ``recover`` event)."""
-
-
-@dataclass(frozen=True)
-class Fallback:
-    """What an agent does while degraded. The default changes nothing but ``task.degraded``."""
-
-    options: Mapping[str, Any] = field(default_factory=dict)
-    tools: frozenset[str] | None = None
-    """Tools still allowed while degraded; None allows every tool."""
-    pause: bool = False
-    """Pause (and ask a person) for as long as the degradation lasts."""
 
 
 def in_force(snap: Snapshot) -> dict[str, Any] | None:

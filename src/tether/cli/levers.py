@@ -10,9 +10,9 @@ from __future__ import annotations
 import click
 
 import tether as tt
-from tether.cli_app import harness_command, json_arg, who
-from tether.cli_render import echo
-from tether.decisions import DECISIONS
+from tether.cli.app import harness_command, json_arg, who
+from tether.cli.render import echo
+from tether.engine.decisions import DECISIONS
 
 
 @click.command()

@@ -1,0 +1,2 @@
+"""The web edge: the HTTP API and webhooks (``server``), the operators' console (``console``,
+``templates``), and what guards them (``security``, ``sessions``, ``webhooks``)."""
