@@ -48,6 +48,7 @@ from tether.model import (
 )
 from tether.model import to_plain as _to_plain
 from tether.protocol import RESERVED_EVENTS, InterruptionProtocol, Rule
+from tether.reading import TaskReader
 from tether.resources import ResourceKind, ResourceKinds
 from tether.settings import Settings
 from tether.store import Store, open_store
@@ -120,6 +121,25 @@ class Harness:
             self._store = arg if arg is not None and not isinstance(arg, str) \
                 else open_store(arg, self.settings, cache=self._cache_arg)
         return self._store
+
+    @property
+    def store_url(self) -> str | None:
+        """The URL the store was named by (None when a store object was passed in)."""
+        arg = self._store_arg
+        return arg if isinstance(arg, str) or arg is None else None
+
+    def use_store(self, store: str | Store) -> None:
+        """Point this harness at another store (the CLI's ``--store``) before it opens one."""
+        if self._store is not None:
+            raise ConfigurationError("the harness has already opened its store; choose the store"
+                                     " before the first task, event or read")
+        self._store_arg = store
+
+    @property
+    def reads(self) -> TaskReader:
+        """Read-only access for people (listings, versions, events, logs): what the API, the
+        console and the CLI use instead of the raw store."""
+        return TaskReader(self.store)
 
     @property
     def inbox(self) -> Inbox:

@@ -38,8 +38,8 @@ def load_app(spec: str, store: str, store_given: bool = True) -> tt.Harness:
     except (ImportError, AttributeError) as exc:
         raise click.UsageError(f"cannot load app {spec!r}: {exc}") from exc
     if isinstance(target, tt.Harness):
-        if store_given and target._store is None:
-            target._store_arg = store
+        if store_given:
+            target.use_store(store)
         return target
     if callable(target):
         harness = target(store)

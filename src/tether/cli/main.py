@@ -427,7 +427,7 @@ def check(ctx: click.Context, as_json: bool) -> None:
 
 def _refuse_missing_file(harness: tt.Harness) -> None:
     """A SQLite store that is not there is not created by a check."""
-    url = harness._store_arg
+    url = harness.store_url
     if isinstance(url, str) and url.startswith("sqlite:///") and ":memory:" not in url:
         path = Path(url.removeprefix("sqlite:///"))
         if not path.exists():
