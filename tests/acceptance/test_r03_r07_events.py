@@ -1,9 +1,10 @@
-"""R3-R7 (with E2, R19): one event queue, priorities, single-writer application, coalescing,
+"""R3-R7 (with E2, R19, R24): one event queue, priorities, single-writer application, coalescing,
 durable dedup, backpressure, and clear refusals."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from _support import fast_settings, run_alongside, wait_until
@@ -35,6 +36,21 @@ def gated_worker(h: tt.Harness, gate: asyncio.Event, log: list[str], calls: int 
         async def on_event(self, task, event):
             log.append(f"on_event:{event.type}")
             return None
+
+
+FAST = tt.Settings(poll_interval=0.01, recovery_backoff=0.001, lease_seconds=0.3)
+
+
+async def event_states(h: tt.Harness, task_id: str) -> list[tuple[str, str]]:
+    return [(s.event.type, s.status) for s in await h.store.list_events(task_id)]
+
+
+async def event_status(h: tt.Harness, task_id: str, event_id: int) -> str:
+    return next(s.status for s in await h.store.list_events(task_id) if s.event.id == event_id)
+
+
+def strip_at(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in row.items() if k != "at"} for row in rows]
 
 
 async def test_r04_r05_p1_user_message_applied_after_in_flight_tool_returns(harness):
@@ -204,3 +220,150 @@ async def test_r03_emit_to_completed_or_missing_task_is_refused(harness):
         await harness.emit(tt.Event("user_message", tid, {"text": "too late"}))
     with pytest.raises(tt.TaskNotFound):
         await harness.emit(tt.Event("user_message", "no-such-task", {"text": "hello?"}))
+
+
+async def test_r4_p1_event_during_plan_is_applied_before_the_planned_tool_runs():
+    """R4 (r4): an amend (P1) arriving while plan() runs (a model call) must be applied, and
+    on_event must see it, before the planned side-effecting tool runs; the action on_event
+    returns (a Reply) runs first, then the recorded call."""
+    h = tt.Harness("memory://", settings=fast_settings())
+    order: list[str] = []
+    planning = asyncio.Event()
+    go = asyncio.Event()
+
+    @h.tool(side_effect=True)
+    async def send_email(ctx: tt.ToolContext, to: str) -> str:
+        order.append(f"tool {to}")
+        return "sent"
+
+    @h.agent("a")
+    class A(tt.Agent):
+        async def plan(self, t):
+            if t.last_tool_result:
+                return tt.Finish(t.last_tool_result)
+            planning.set()
+            await go.wait()  # the model is thinking
+            return tt.ToolCall("send_email", {"to": t.scratch.get("to", "old@x")})
+
+        async def on_event(self, t, e):
+            order.append(f"on_event {e.type}")
+            if e.type == "amend":
+                t.scratch["to"] = e.payload
+                return tt.Reply("ok, amended")
+            return None
+
+    tid = await h.submit("a")
+
+    async def user() -> None:
+        await asyncio.wait_for(planning.wait(), 5)
+        await h.emit(tt.Event("amend", tid, "new@x"))
+        go.set()
+
+    await run_alongside(h, user())
+
+    assert order[0] == "on_event amend", f"the planned tool ran before the amend was seen: {order}"
+    assert order[1].startswith("tool "), order
+    rows = strip_at(await h.history(tid))
+    reply_at = next(i for i, r in enumerate(rows) if r.get("content") == "ok, amended")
+    call_at = next(i for i, r in enumerate(rows) if "tool_call" in r)
+    assert reply_at < call_at, f"the on_event action did not run first: {rows}"
+    assert (await h.get(tid)).record.status is tt.Status.COMPLETED
+    await h.close()
+
+
+async def test_r6_r4_coalescing_never_swallows_a_more_urgent_event():
+    """R6/R4 (r14): a degrade sent at priority 0 and then a retry (P2) share the coalescing
+    class call_recovery, but the later, less urgent retry must not replace the P0 degrade:
+    both stay pending and both are applied, most urgent first."""
+    h = tt.Harness("memory://", settings=fast_settings())
+    seen: list[tuple[str, Any]] = []
+
+    @h.agent("a")
+    class A(tt.Agent):
+        async def plan(self, t):
+            return tt.Finish()
+
+        async def on_event(self, t, e):
+            seen.append((e.type, e.payload))
+            return None
+
+    tid = await h.submit("a")  # not running: the events stay pending
+    degrade = await h.emit(tt.Event("degrade", tid, {"mode": "stop-now"}, priority=0))
+    retry = await h.emit(tt.Event("retry", tid, {"n": 1}))
+    assert retry.coalesced == 0
+    assert await event_states(h, tid) == [("degrade", "pending"), ("retry", "pending")]
+
+    await h.run_until_idle(timeout=5)
+    assert seen[:2] == [("degrade", {"mode": "stop-now"}), ("retry", {"n": 1})]
+    assert await event_status(h, tid, degrade.event_id) == "applied"
+    await h.close()
+
+
+async def test_e2_state_priority_does_not_collapse_content_events() -> None:
+    """E2: only state types with a coalescing class keep only their newest; a user_message
+    sent at P3 (content, no class) is never dropped."""
+    h = tt.Harness("memory://", settings=FAST)
+
+    @h.agent("idle")
+    class Idle(tt.Agent):
+        async def plan(self, t: tt.TaskView) -> tt.Action:
+            return tt.Wait("approval")
+
+    tid = await h.submit("idle")
+    await h.run_until_idle(timeout=5)
+    for n in range(3):
+        await h.emit(tt.Event("user_message", tid, f"fyi {n}", priority=3))
+        await h.emit(tt.Event("note", tid, f"note {n}", priority=4))
+    states: list[Any] = [(e.event.type, e.status) for e in await h.store.list_events(tid)]
+    assert states.count(("user_message", "pending")) == 3
+    assert states.count(("note", "pending")) == 3
+    await h.close()
+
+
+async def test_e2_r24_overriding_only_a_priority_keeps_the_coalescing_class():
+    """E2/R24 (r3 proto): protocol={"degrade": 0} changes degrade's priority only; it keeps
+    its default coalescing class (call_recovery), so a degrade still replaces a pending retry
+    or tool_error of the same task inside the window."""
+    h = tt.Harness("memory://", settings=fast_settings(), protocol={"degrade": 0})
+    table = h.protocol.table()
+    assert table["degrade"] == tt.Rule(tt.Priority.P0, coalesce="call_recovery")
+    assert table["tool_error"].coalesce == "call_recovery"
+
+    @h.agent("a")
+    class A(tt.Agent):
+        async def plan(self, t):
+            return tt.Finish()
+
+    tid = await h.submit("a")
+    await h.emit(tt.Event("retry", tid, {"n": 1}))
+    degrade = await h.emit(tt.Event("degrade", tid, {"mode": "cheap"}))
+    assert degrade.coalesced == 1
+    assert await event_states(h, tid) == [("retry", "coalesced"), ("degrade", "pending")]
+    stored = next(s for s in await h.store.list_events(tid) if s.event.id == degrade.event_id)
+    assert stored.priority == 0 and stored.coalesce == "call_recovery"
+    await h.close()
+
+
+async def test_r7_full_inbox_accepts_an_event_that_replaces_a_pending_one_of_its_class():
+    """R7 (r10): with the inbox at capacity, a progress event that coalesces with a pending
+    progress event inside the window adds nothing net, so it is accepted (replacing the older
+    one) rather than refused with InboxFull. An event that would add a row is still refused."""
+    h = tt.Harness("memory://", settings=fast_settings(inbox_capacity=3))
+
+    @h.agent("a")
+    class A(tt.Agent):
+        async def plan(self, t):
+            return tt.Finish()
+
+    tid = await h.submit("a")  # not running: events stay pending
+    await h.emit(tt.Event("webhook", tid, 1))
+    await h.emit(tt.Event("webhook", tid, 2))
+    await h.emit(tt.Event("progress", tid, {"pct": 10}))
+    newer = await h.emit(tt.Event("progress", tid, {"pct": 20}))  # inbox full: must not raise
+    assert newer.accepted and newer.coalesced == 1
+    events = [(s.event.type, s.event.payload, s.status) for s in await h.store.list_events(tid)]
+    assert events == [("webhook", 1, "pending"), ("webhook", 2, "pending"),
+                      ("progress", {"pct": 10}, "coalesced"), ("progress", {"pct": 20}, "pending")]
+    with pytest.raises(tt.InboxFull):
+        await h.emit(tt.Event("state_change", tid, {"s": "x"}))  # another class: a new row
+    await h.close()

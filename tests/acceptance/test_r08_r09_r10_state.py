@@ -1,12 +1,16 @@
-"""R8-R10 (with E3, R13, R14): the snapshot, the task stack, resume points and idempotency."""
+"""R5, R8-R10 (with E3, R13, R14): the snapshot, the task stack, resume points and
+idempotency, and what an agent is handed (copies) and may change (its scratch)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from _support import run_alongside, strategies
+import pytest
+from _support import fast_settings, run_alongside, strategies, wait_until
 
 import tether as tt
 from tether.model import IdempotencyRecord, Snapshot, Status
@@ -292,3 +296,161 @@ async def test_r10_resume_point_is_committed_before_the_tool_runs(harness):
     assert (call.tool, call.args, call.key) == ("pay", {"amount": 5}, seen["key"])
     assert seen["record"].status == "started" and seen["record"].args_hash == call.args_hash
     assert (await harness.get(tid)).record.status is tt.Status.COMPLETED
+
+
+async def test_r9_interrupt_unhandled_by_child_is_handled_by_the_batch_agent(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """R9 (r8): in the contract batch, a second "reparse" interrupt arrives while the first
+    re-parse subtask is on top of the stack. The child agent does not handle it; it is offered
+    to the parent batch agent, which does: both files are re-parsed and the task completes
+    (before the fix it went unhandled at the top and the task paused)."""
+    from tether.examples import build_harness, contract_files
+
+    monkeypatch.setenv("TETHER_DEMO_PARSE_SECONDS", "0.05")
+    h = build_harness("memory://", ledger_path=str(tmp_path / "ledger.db"))
+    tid = await h.submit("contracts", {"files": contract_files(6)})
+
+    def top_agent() -> str | None:
+        runner = h.runners.get(tid)
+        return runner.snap.stack[-1].agent if runner is not None else None
+
+    def step() -> int:
+        runner = h.runners.get(tid)
+        return runner.snap.step if runner is not None else 0
+
+    async def user() -> list[str]:
+        await wait_until(lambda: step() >= 2, what="the batch to be under way")
+        await h.emit(tt.Event("user_interrupt", tid, {"reparse": "contract-05.pdf"}))
+        await wait_until(lambda: top_agent() == "reparse_contract", what="the re-parse child")
+        stack = [f.agent for f in h.runners[tid].snap.stack]
+        await h.emit(tt.Event("user_interrupt", tid, {"reparse": "contract-02.pdf"}))
+        return stack
+
+    [stack] = await run_alongside(h, user())
+    assert stack == ["contracts", "reparse_contract"]
+
+    info = await h.get(tid)
+    assert info.record.status is tt.Status.COMPLETED, (
+        f"{info.record.status.value}: {await strategies(h, tid)}")
+    assert info.snapshot.stack[0].scratch["reparsed"] == ["contract-05.pdf", "contract-02.pdf"]
+    assert info.snapshot.result["parsed"] == 6
+    careful = [r["tool_call"]["args"]["file"] for r in await h.history(tid)
+               if "tool_call" in r and r["tool_call"]["args"].get("careful")]
+    assert sorted(careful) == ["contract-02.pdf", "contract-05.pdf"]
+    assert "pause" not in await strategies(h, tid)
+    await h.close()
+
+
+async def test_r5_on_event_scratch_changes_are_kept_when_it_returns_none():
+    """R5 (r3): on_event may change task.scratch and still return None (take the default);
+    those changes are saved, top-level and nested alike (it works on a deep copy that is
+    stored afterwards, not a shallow copy that is thrown away)."""
+    h = tt.Harness("memory://", settings=fast_settings())
+
+    @h.agent("a")
+    class A(tt.Agent):
+        async def plan(self, t):
+            t.scratch.setdefault("seen", [])
+            t.scratch.setdefault("count", 0)
+            return tt.Wait("approval")
+
+        async def on_event(self, t, e):
+            t.scratch["count"] += 1  # top-level change
+            t.scratch["seen"].append(e.type)  # nested change
+            return None
+
+    tid = await h.submit("a")
+    await h.run_until_idle(timeout=5)
+    await h.emit(tt.Event("user_message", tid, "hi"))
+    await h.run_until_idle(timeout=5)
+    await h.emit(tt.Event("follow_up", tid, "still there?"))
+    await h.run_until_idle(timeout=5)
+
+    info = await h.get(tid)
+    assert info.snapshot.frame.scratch == {"seen": ["user_message", "follow_up"], "count": 2}
+    assert info.record.status is tt.Status.WAITING
+    await h.close()
+
+
+async def test_r8_taskview_hands_out_copies_and_read_only_history():
+    """R8 (r12): TaskView.input, last_tool_result and child_result are copies, and history
+    entries are read-only mappings: an agent mutating them in plan() cannot change the
+    stored frame input, tool result, child result or dialog."""
+    h = tt.Harness("memory://", settings=fast_settings())
+    seen: list[str] = []
+
+    @h.tool()
+    async def t1(ctx: tt.ToolContext) -> dict[str, Any]:
+        return {"rows": [1, 2]}
+
+    @h.agent("kid")
+    class Kid(tt.Agent):
+        async def plan(self, t):
+            return tt.Finish({"k": [1]})
+
+    @h.agent("a")
+    class A(tt.Agent):
+        async def plan(self, t):
+            if not t.scratch.get("spawned"):
+                t.scratch["spawned"] = True
+                return tt.Spawn("kid", {})
+            if t.last_tool_result is None:
+                return tt.ToolCall("t1", {})
+            t.input["files"].append("injected.pdf")
+            t.last_tool_result["rows"].append(99)
+            t.child_result["k"].append(2)
+            last = t.history[-1]
+            seen.append("mapping" if isinstance(last, Mapping) else "other")
+            try:
+                last["content"] = "rewritten"  # type: ignore[index]
+                seen.append("history writable")
+            except TypeError:
+                seen.append("history read-only")
+            return tt.Finish("done")
+
+    tid = await h.submit("a", {"files": ["a.pdf"]})
+    await h.run_until_idle(timeout=5)
+
+    info = await h.get(tid)
+    assert info.record.status is tt.Status.COMPLETED, info.snapshot.error
+    frame = info.snapshot.frame
+    assert frame.input == {"files": ["a.pdf"]}
+    assert info.snapshot.input == {"files": ["a.pdf"]}
+    assert frame.last_tool_result == {"rows": [1, 2]}
+    assert frame.child_result == {"k": [1]}
+    assert seen == ["mapping", "history read-only"]
+    assert [r["content"] for r in await h.history(tid) if r.get("role") == "tool"] == \
+        [{"rows": [1, 2]}]
+    await h.close()
+
+
+async def test_r8_resources_from_failed_attempts_are_recorded_and_cleaned_up(tmp_path: Path):
+    """R8 (r3): a tool attempt that registers a temp file and then fails still leaves that
+    resource in the snapshot, so it is cleaned up with the others when the task ends."""
+    h = tt.Harness("memory://", settings=fast_settings())
+    made: list[Path] = []
+
+    @h.tool(retry=tt.RetryPolicy(max_attempts=2, backoff=0.001))
+    async def convert(ctx: tt.ToolContext) -> str:
+        path = tmp_path / f"part-{len(made)}.tmp"
+        path.write_text("x")
+        made.append(path)
+        ctx.add_resource("temp_file", str(path))
+        if len(made) < 2:
+            raise ConnectionError("upstream 503")
+        return "ok"
+
+    @h.agent("b")
+    class B(tt.Agent):
+        async def plan(self, t):
+            return tt.ToolCall("convert", {}) if t.last_tool_result is None else tt.Finish(1)
+
+    tid = await h.submit("b")
+    await h.run_until_idle(timeout=5)
+
+    info = await h.get(tid)
+    assert info.record.status is tt.Status.COMPLETED
+    assert len(made) == 2
+    assert [r.ref for r in info.snapshot.resources] == [str(p) for p in made]
+    assert [p for p in made if p.exists()] == [], "a temp file of a failed attempt was left behind"
+    await h.close()

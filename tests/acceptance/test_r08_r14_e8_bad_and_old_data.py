@@ -1,16 +1,21 @@
-"""Bad, damaged and old data (R8, R14, E8; issue 3 section 3).
+"""Bad, damaged and old data (R8, R14, R26, E8; issue 3 section 3).
 
 Each case gives a clear error naming the task and version, recovery falls back to the
-newest good version, and nothing stored is deleted by the attempt.
+newest good version, and nothing stored is deleted by the attempt. A worker that cannot
+read a task at all backs off (a snapshot from newer code) or hands it to a person with
+its lease released (no readable snapshot), instead of claiming it over and over.
 """
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
+from _support import fast_settings, wait_until
 
 import tether as tt
 from tether.model import SNAPSHOT_FORMAT, Snapshot
@@ -61,6 +66,14 @@ async def _finished_task(path: Path, steps: int = 3) -> tuple[str, int]:
     version = (await h.get(tid)).version
     await h.close()
     return tid, version
+
+
+async def status_of(h: tt.Harness, task_id: str) -> tt.Status:
+    return (await h.store.get_task(task_id)).status  # the index row: needs no snapshot
+
+
+async def status_of_is(h: tt.Harness, task_id: str, status: tt.Status) -> bool:
+    return await status_of(h, task_id) is status
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbled"])
@@ -214,3 +227,73 @@ def test_a_file_that_is_not_a_tether_store_is_refused_and_left_untouched(
     with pytest.raises(tt.StoreError, match=r"other\.db"):
         SQLiteStore(str(path))
     assert path.read_bytes() == before
+
+
+async def test_e8_snapshot_from_newer_code_makes_an_old_worker_back_off():
+    """E8 (r16): a worker that cannot read a snapshot written by newer code leaves the task
+    alone for a while (a few claims a second at most, not thousands) and does not change
+    the task: a newer worker can still run it."""
+    h = tt.Harness("memory://", settings=fast_settings())
+
+    @h.agent("a")
+    class A(tt.Agent):
+        async def plan(self, t):
+            return tt.Finish(1)
+
+    tid = await h.submit("a")
+    head = orjson.loads((await h.store.load_head(tid))[1])
+    head["format"] = SNAPSHOT_FORMAT + 1  # written by a newer worker
+    h.store._db.execute("UPDATE snapshots SET head = ? WHERE task_id = ?",
+                        (orjson.dumps(head), tid))
+    original = h.store.claim
+    claims: list[str] = []
+
+    async def counting_claim(*args: Any, **kwargs: Any) -> Any:
+        claim = await original(*args, **kwargs)
+        if claim is not None:
+            claims.append(claim.task_id)
+        return claim
+
+    h.store.claim = counting_claim  # type: ignore[method-assign]
+    stop = asyncio.Event()
+    server = asyncio.create_task(h.serve(stop=stop))
+    await asyncio.sleep(0.8)
+    stop.set()
+    await server
+    assert len(claims) in range(1, 6), f"{len(claims)} claims in 0.8 s"
+    record = await h.store.get_task(tid)
+    assert record.status is tt.Status.PENDING and record.lease_owner is None
+    assert (await h.store.load_head(tid))[1] == orjson.dumps(head)
+    await h.close()
+
+
+async def test_r26_task_without_a_readable_snapshot_goes_to_a_person_lease_released():
+    """R26 (r9b): a task whose only snapshot is unreadable cannot be run; instead of being
+    claimed and crashed over and over, it ends in needs_human with a reason naming the task,
+    and its lease is released."""
+    notified: list[dict] = []
+    h = tt.Harness("memory://", settings=fast_settings(lease_seconds=0.3),
+                   notifier=notified.append)
+
+    @h.agent("a")
+    class A(tt.Agent):
+        async def plan(self, t):
+            return tt.Finish(1)
+
+    tid = await h.submit("a")
+    h.store._db.execute("UPDATE snapshots SET head = x'7b7b' WHERE task_id = ?", (tid,))
+    stop = asyncio.Event()
+    server = asyncio.create_task(h.serve(stop=stop))
+    try:
+        await wait_until(lambda: status_of_is(h, tid, tt.Status.NEEDS_HUMAN), timeout=3,
+                         what="needs_human")
+        await asyncio.sleep(0.4)  # longer than a lease: nobody grabs it again
+    finally:
+        stop.set()
+        await server
+    record = await h.store.get_task(tid)
+    assert record.status is tt.Status.NEEDS_HUMAN
+    assert tid in (record.reason or "") and "snapshot" in (record.reason or ""), record.reason
+    assert record.lease_owner is None
+    assert len(notified) == 1
+    await h.close()

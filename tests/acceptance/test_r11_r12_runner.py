@@ -8,7 +8,7 @@ import pytest
 from _support import fast_settings, run_until_status
 
 import tether as tt
-from tether.model import check_transition
+from tether.model import Status, check_transition
 
 
 def waiter(h: tt.Harness, timeout: float | None) -> None:
@@ -147,3 +147,9 @@ async def test_r12_checkpoint_every_n_steps_batches_light_steps():
         return info.version
 
     assert await versions_for(6) < await versions_for(1)
+
+
+def test_r11_paused_and_waiting_tasks_may_fail() -> None:
+    """R12: a recovery that times out while a task is paused or waiting fails it cleanly."""
+    for status in (Status.PAUSED, Status.WAITING):
+        check_transition("t", status, Status.FAILED)

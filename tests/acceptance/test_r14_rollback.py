@@ -1,8 +1,11 @@
-"""R14 (with E4): versioned snapshots, kept with timestamps, and rollback to any kept one."""
+"""R14 (with E4, R8, R19): versioned snapshots, kept with timestamps, and rollback to any kept
+one; a rollback never repeats a side effect (not even inside a spawned subtask), keeps each
+reused result after its tool_call row, and loses no event applied in the same tick."""
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 from _support import fast_settings, strategies
@@ -39,6 +42,17 @@ async def version_at_step(h: tt.Harness, tid: str, step: int) -> int:
         if snap.step == step and snap.call is None:
             return version
     raise AssertionError(f"no kept version at step {step}")
+
+
+FAST = tt.Settings(poll_interval=0.01, recovery_backoff=0.001, lease_seconds=0.3)
+
+
+async def status_of(h: tt.Harness, task_id: str) -> tt.Status:
+    return (await h.store.get_task(task_id)).status  # the index row: needs no snapshot
+
+
+def strip_at(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in row.items() if k != "at"} for row in rows]
 
 
 async def test_r14_last_n_versions_kept_with_timestamps():
@@ -208,3 +222,112 @@ async def test_r14_cancelled_task_cannot_be_rolled_back() -> None:
     with pytest.raises(tt.TaskClosed):
         await harness.rollback(task_id, 1)
     assert (await harness.get(task_id)).record.status is tt.Status.CANCELLED
+
+
+async def test_e4_rollback_reuses_keys_inside_spawned_subtasks():
+    """E4 (r11): after a rollback to before a Spawn, the subtask's calls get the same
+    idempotency keys as before, so its side effect returns the recorded result instead of
+    running again."""
+    h = tt.Harness("memory://", settings=fast_settings())
+    refunds: list[str] = []
+
+    @h.tool(side_effect=True)
+    async def refund(ctx: tt.ToolContext, order: str) -> str:
+        refunds.append(ctx.idempotency_key)
+        return f"refunded {order}"
+
+    @h.agent("child")
+    class C(tt.Agent):
+        async def plan(self, t):
+            if t.last_tool_result is None:
+                return tt.ToolCall("refund", {"order": t.input})
+            return tt.Finish(t.last_tool_result)
+
+    @h.agent("root")
+    class R(tt.Agent):
+        async def plan(self, t):
+            if t.child_result is None:
+                return tt.Spawn("child", "A-17")
+            return tt.Finish(t.child_result)
+
+    tid = await h.submit("root")
+    await h.run_until_idle(timeout=5)
+    assert await status_of(h, tid) is tt.Status.COMPLETED
+    assert len(refunds) == 1
+    first = (await h.store.list_versions(tid))[0][0]
+    assert first == 1  # the task as submitted: before the Spawn
+    await h.rollback(tid, first)  # back to before the spawn; side effects are not redone
+    await h.run_until_idle(timeout=5)
+    info = await h.get(tid)
+    assert info.record.status is tt.Status.COMPLETED
+    assert info.snapshot.result == "refunded A-17"
+    assert len(refunds) == 1, refunds
+    await h.close()
+
+
+async def test_r8_e4_reused_results_after_rollback_keep_their_tool_call_rows():
+    """R8/E4 (r7): after a rollback, calls answered from the idempotency record add their
+    tool result to the new dialog branch; each such result must be preceded by the
+    assistant's tool_call row with the same key, as a real call's is."""
+    h = tt.Harness("memory://", settings=fast_settings(keep_versions=50))
+    paid: list[int] = []
+
+    @h.tool(side_effect=True)
+    async def pay(ctx: tt.ToolContext, i: int) -> str:
+        paid.append(i)
+        return f"paid {i}"
+
+    @h.agent("a")
+    class A(tt.Agent):
+        async def plan(self, t):
+            n = t.scratch.get("n", 0)
+            if n == 3:
+                return tt.Finish(n)
+            t.scratch["n"] = n + 1
+            return tt.ToolCall("pay", {"i": n})
+
+    tid = await h.submit("a")
+    await h.run_until_idle(timeout=5)
+    assert paid == [0, 1, 2]
+
+    await h.rollback(tid, 1)  # the start: every call is answered from its record
+    await h.run_until_idle(timeout=5)
+    info = await h.get(tid)
+    assert info.record.status is tt.Status.COMPLETED
+    assert paid == [0, 1, 2], "a side effect was repeated after the rollback"
+    assert (await strategies(h, tid)).count("reuse_result") == 3
+
+    rows = strip_at(await h.history(tid))
+    tool_rows = [i for i, r in enumerate(rows) if r.get("role") == "tool"]
+    assert len(tool_rows) == 3
+    for i in tool_rows:
+        before = rows[i - 1] if i > 0 else {}
+        assert before.get("role") == "assistant" and before.get("tool_call", {}).get("key") == \
+            rows[i]["key"], f"tool result {rows[i]} is not preceded by its tool_call row: {rows}"
+        assert before["tool_call"]["name"] == "pay"
+    await h.close()
+
+
+async def test_r14_an_event_applied_in_the_same_tick_before_a_rollback_is_not_lost() -> None:
+    """R14/R19: a user message and a rollback reach a parked task together; the message is
+    applied first, then the rollback replaces the state. The message is applied again on the
+    rolled-back state instead of vanishing with the discarded one."""
+    h = tt.Harness("memory://", settings=FAST)
+
+    @h.agent("a")
+    class A(tt.Agent):
+        async def plan(self, t: tt.TaskView) -> tt.Action:
+            return tt.Wait("approval")
+
+    tid = await h.submit("a")
+    await h.run_until_idle(timeout=5)
+    target = (await h.get(tid)).version
+    await h.emit(tt.Event("user_interrupt", tid, {"note": "look at this"}))
+    await h.inbox.emit(tt.Event("rollback", tid, {"version": target}))  # applied in one tick
+    await h.run_until_idle(timeout=5)
+    history = await h.history(tid)
+    assert [e["content"] for e in history if e.get("type") == "user_interrupt"] == [
+        {"note": "look at this"}]
+    states = {(e.event.type, e.status) for e in await h.store.list_events(tid)}
+    assert states == {("user_interrupt", "applied"), ("rollback", "applied")}
+    await h.close()

@@ -1,8 +1,15 @@
-"""Recovery is paid by weight (R25): how many commits a step costs, by what the step risks."""
+"""Recovery is paid by weight (R25): how many commits a step costs, by what the step risks,
+and what batching checkpoints (checkpoint_every_steps) saves and costs after a crash."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
+from pathlib import Path
+from typing import Any
+
 import pytest
+from _support import fast_settings
 
 import tether as tt
 
@@ -53,3 +60,82 @@ async def test_a_slow_idempotent_call_commits_its_result_at_once() -> None:
     could make the worker redo."""
     commits = await _commits_for(False, tt.Settings(defer_results_under=1e-9))
     assert commits == 2 * STEPS + 1
+
+
+async def version_numbers(h: tt.Harness, task_id: str) -> list[int]:
+    return [v for v, _, _ in await h.store.list_versions(task_id)]
+
+
+class SimulatedCrash(BaseException):
+    """Escapes every handler, like SIGKILL: nothing is committed or released."""
+
+
+async def test_r25_checkpoint_every_steps_batches_commits_and_costs_replanning_after_a_crash(
+        tmp_path: Path):
+    """R25 / guide §6: with checkpoint_every_steps=3, steps other than tool calls are made
+    durable every 3 steps (fewer snapshot versions), and the price is the one the guide
+    states: after a crash up to that many such steps are planned again (a paid model is asked
+    again), against one with the default of 1. The dialog is never duplicated."""
+
+    async def run(every: int, crash_at: int | None) -> tuple[int, list[int], list[int], list[str]]:
+        url = f"sqlite:///{tmp_path / f'ck-{every}-{crash_at}.db'}"
+        h = tt.Harness(url, settings=fast_settings(checkpoint_every_steps=every,
+                                                   lease_seconds=0.3))
+        plans: list[int] = []
+        crashed = {"done": False}
+
+        @h.agent("a")
+        class A(tt.Agent):
+            async def plan(self, t):
+                i = t.scratch.get("i", 0)
+                plans.append(i)
+                if i == crash_at and not crashed["done"]:
+                    crashed["done"] = True
+                    raise SimulatedCrash
+                if i == 6:
+                    return tt.Finish(i)
+                t.scratch["i"] = i + 1
+                return tt.Reply(f"paid-model answer #{i}")
+
+        tid = await h.submit("a")
+        await h.run_until_idle(timeout=5)
+        if crash_at is not None:
+            assert crashed["done"]
+            gc.collect()  # the dead worker task's SimulatedCrash is dropped, not reported
+            await asyncio.sleep(0.45)  # the dead worker's lease expires
+            await h.run_until_idle(timeout=5)
+        info = await h.get(tid)
+        assert info.record.status is tt.Status.COMPLETED, info.snapshot.error
+        steps = []
+        for v in await version_numbers(h, tid):
+            _, data = await h.store.load_head(tid, v)
+            steps.append(tt.Snapshot.loads(data, tid, v).step)
+        dialog = [r["content"] for r in await h.history(tid) if r.get("role") == "assistant"]
+        await h.close()
+        return info.version, steps, plans, dialog
+
+    loop = asyncio.get_running_loop()
+    default_handler = loop.get_exception_handler()
+
+    def ignore_simulated_crash(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if not isinstance(context.get("exception"), SimulatedCrash):
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(ignore_simulated_crash)
+    answers = [f"paid-model answer #{i}" for i in range(6)]
+
+    # What it saves: 6 replies + finish are 7 commits with 1, 3 commits with 3.
+    version, steps, plans, dialog = await run(1, None)
+    assert (version, steps, plans, dialog) == (8, [0, 1, 2, 3, 4, 5, 6, 7], list(range(7)), answers)
+    version, steps, plans, dialog = await run(3, None)
+    assert (version, steps, plans, dialog) == (4, [0, 3, 6, 7], list(range(7)), answers)
+
+    # What it costs: a crash while planning the 6th step (two replies not yet durable).
+    _, _, plans, dialog = await run(1, 5)
+    assert plans == [0, 1, 2, 3, 4, 5, 5, 6]  # only the plan in flight is asked again
+    assert dialog == answers
+    _, _, plans, dialog = await run(3, 5)
+    assert plans == [0, 1, 2, 3, 4, 5, 3, 4, 5, 6]  # 3 plans asked again: up to N
+    assert dialog == answers
+    gc.collect()
+    loop.set_exception_handler(default_handler)
