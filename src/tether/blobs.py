@@ -17,15 +17,12 @@ older version, as for any damaged head.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Collection, Mapping
+from typing import Any, Protocol
 
 import orjson
 
 from tether.errors import CorruptSnapshot
-
-if TYPE_CHECKING:
-    from tether.store.base import Store
 
 REF = "$tether_blob"
 _MARKER = b'"$tether_blob"'
@@ -104,7 +101,15 @@ def join(head: bytes, blobs: Mapping[str, bytes], task_id: str, version: int) ->
     return orjson.dumps(walk(orjson.loads(head)), option=orjson.OPT_NON_STR_KEYS)
 
 
-async def resolve(store: Store, head: bytes, task_id: str, version: int) -> bytes:
+class HeadSource(Protocol):
+    """Where heads and their large values are read from (any store)."""
+
+    async def load_head(self, task_id: str, version: int | None = None) -> tuple[int, bytes]: ...
+
+    async def load_blobs(self, digests: Collection[str]) -> dict[str, bytes]: ...
+
+
+async def resolve(store: HeadSource, head: bytes, task_id: str, version: int) -> bytes:
     """A stored head made whole: its references replaced by the values from the blob table."""
     digests = references(head)
     if not digests:
@@ -112,7 +117,7 @@ async def resolve(store: Store, head: bytes, task_id: str, version: int) -> byte
     return join(head, await store.load_blobs(digests), task_id, version)
 
 
-async def load_head(store: Store, task_id: str, version: int | None = None) -> tuple[int, bytes]:
+async def load_head(store: HeadSource, task_id: str, version: int | None = None) -> tuple[int, bytes]:
     """``Store.load_head`` for a head that is going to be used: with its large values."""
     version, head = await store.load_head(task_id, version)
     return version, await resolve(store, head, task_id, version)

@@ -22,8 +22,9 @@ from tether import blobs
 from tether.agent import Agent
 from tether.bundle import dumps_bundle, export_bundle
 from tether.engine.decisions import DECISIONS, call_awaiting_decision, in_doubt_message
-from tether.engine.events import Inbox, ensure_task
-from tether.engine.runner import Runner, newest_readable
+from tether.engine.inbox import Inbox
+from tether.engine.loading import newest_readable
+from tether.engine.runner import Runner
 from tether.engine.timers import Moment, due_time
 from tether.engine.worker import Worker, new_worker_id, run_claimed
 from tether.errors import (
@@ -32,9 +33,11 @@ from tether.errors import (
     InDoubtCall,
     InvalidInput,
     ReservedEventType,
+    TaskNotFound,
     UnknownAgent,
 )
 from tether.model import (
+    CallStatus,
     EmitReceipt,
     Event,
     Frame,
@@ -277,7 +280,8 @@ class Harness:
             raise InvalidInput(f"a result goes with 'happened' only, not with {outcome!r}")
         info = await self.get(task_id)
         call = info.snapshot.call
-        if call is None or call.status != "started" or info.snapshot.status.is_terminal:
+        if call is None or call.status != CallStatus.STARTED \
+                or info.snapshot.status.is_terminal:
             raise IllegalTransition(f"task {task_id} has no call whose outcome is unknown;"
                                     " there is nothing to decide (resume it instead)")
         payload = {"outcome": outcome, "key": call.key, "by": _who(by),
@@ -397,6 +401,14 @@ class Harness:
             await self._store.close()
             self._store = None
 
+
+
+async def ensure_task(store: Store, task_id: str) -> None:
+    """Fail early, naming the task, when an operation targets a task that does not exist."""
+    try:
+        await store.get_task(task_id)
+    except TaskNotFound:
+        raise TaskNotFound(f"no task {task_id!r}; check the id with `tether ls`") from None
 
 
 def _who(by: str | None) -> str:

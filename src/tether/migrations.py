@@ -49,8 +49,25 @@ def _v5_to_v6(raw: Raw) -> Raw:
     return raw
 
 
+def _v6_to_v7(raw: Raw) -> Raw:
+    """Format 7 keeps each agenda entry as an object: the action, the code that planned it and
+    the open call put aside with it (format 6 mixed the three into one flat dict)."""
+    for frame in raw.get("stack") or ():
+        if isinstance(frame, dict) and isinstance(frame.get("agenda"), list):
+            frame["agenda"] = [_agenda_entry(entry) for entry in frame["agenda"]]
+    return raw
+
+
+def _agenda_entry(flat: Any) -> Any:
+    if not isinstance(flat, dict):
+        return flat  # damage: the shape check names it
+    action = dict(flat)
+    return {"planned_by": action.pop("planned_by", None),
+            "open_call": action.pop("open_call", None), "action": action}
+
+
 MIGRATIONS: dict[int, Callable[[Raw], Raw]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4,
-                                               4: _v4_to_v5, 5: _v5_to_v6}
+                                               4: _v4_to_v5, 5: _v5_to_v6, 6: _v6_to_v7}
 """Format N -> N+1."""
 
 

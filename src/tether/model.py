@@ -26,7 +26,7 @@ import orjson
 from tether.errors import CorruptSnapshot, IllegalTransition, InvalidInput, SnapshotTooNew
 from tether.migrations import upgrade
 
-SNAPSHOT_FORMAT = 6
+SNAPSHOT_FORMAT = 7
 """Bumped whenever the head's layout changes; stored in every snapshot. Older heads are
 upgraded on load by :mod:`tether.migrations`."""
 
@@ -89,6 +89,33 @@ class Priority(enum.IntEnum):
     P2 = 2
     P3 = 3
     P4 = 4
+
+
+class CallStatus(enum.StrEnum):
+    """Where the call at a resume point is: planned (safe to run), started (sent; after a
+    crash its outcome is unknown), failed (its last attempt is known to have failed)."""
+
+    PLANNED = "planned"
+    STARTED = "started"
+    FAILED = "failed"
+
+
+class OutcomeStatus(enum.StrEnum):
+    """What the idempotency table knows of a keyed call's outcome (R10)."""
+
+    STARTED = "started"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class EventStatus(enum.StrEnum):
+    """What became of a stored event: pending until the task's loop applies it (R5)."""
+
+    PENDING = "pending"
+    APPLIED = "applied"
+    IGNORED = "ignored"
+    COALESCED = "coalesced"
+    FAILED = "failed"
 
 
 def to_plain(value: Any, limit: int | None = None, what: str = "value") -> Any:
@@ -289,10 +316,30 @@ class CallState:
     tool: str
     args: dict[str, Any]
     args_hash: str
-    status: str = "planned"  # planned | started | failed
+    status: CallStatus = CallStatus.PLANNED
     attempt: int = 0
     retry_at: float | None = None
     error: str | None = None
+
+
+@dataclass
+class AgendaEntry:
+    """One recorded action on a frame's to-do list.
+
+    Kept with the code that planned it (E8) and, for a call an interjection put aside, the
+    call's open state (its key and attempts), so it resumes as the same call."""
+
+    action: dict[str, Any]
+    """The action as :func:`action_to_dict` writes it (its ``kind`` first)."""
+    planned_by: str | None = None
+    open_call: CallState | None = None
+
+    @property
+    def kind(self) -> str:
+        return str(self.action["kind"])
+
+    def to_action(self) -> Action:
+        return action_from_dict(self.action)
 
 
 @dataclass
@@ -303,7 +350,7 @@ class Frame:
     input: Any = None
     frame_id: str = field(default_factory=new_id)
     scratch: dict[str, Any] = field(default_factory=dict)
-    agenda: list[dict[str, Any]] = field(default_factory=list)
+    agenda: list[AgendaEntry] = field(default_factory=list)
     steps: int = 0
     child_result: Any = None
     child_error: str | None = None
@@ -418,9 +465,10 @@ def _check_not_newer(raw: Any, task_id: str, version: int) -> None:
     if not raw["stack"]:
         raise ValueError("the task stack is empty")
     for frame in raw["stack"]:
-        for entry in frame.get("agenda", ()):
-            if entry.get("kind") not in ACTION_KINDS:
-                raise ValueError(f"an agenda entry has no known kind: {entry.get('kind')!r:.40}")
+        for entry in frame["agenda"]:
+            kind = entry["action"].get("kind")
+            if kind not in ACTION_KINDS:
+                raise ValueError(f"an agenda entry has no known kind: {kind!r:.40}")
 
 
 def _check_shape(cls: type[Any], raw: Any, where: str) -> None:
@@ -472,14 +520,27 @@ def _shaped(cls: type[Any], raw: dict[str, Any]) -> bool:
 
 def _snapshot_from_dict(raw: dict[str, Any]) -> Snapshot:
     raw["status"] = Status(raw["status"])
-    raw["stack"] = [Frame(**frame) for frame in raw["stack"]]
-    raw["call"] = CallState(**raw["call"]) if raw["call"] else None
+    raw["stack"] = [_frame_from_dict(frame) for frame in raw["stack"]]
+    raw["call"] = _call_from_dict(raw["call"])
     raw["resources"] = [Resource(**res) for res in raw["resources"]]
     raw["recovery"] = RecoveryState(**raw["recovery"])
     return Snapshot(**raw)
 
 
-_SHAPED = (Snapshot, Frame, CallState, RecoveryState, Resource)
+def _frame_from_dict(raw: dict[str, Any]) -> Frame:
+    raw["agenda"] = [AgendaEntry(entry["action"], entry["planned_by"],
+                                 _call_from_dict(entry["open_call"])) for entry in raw["agenda"]]
+    return Frame(**raw)
+
+
+def _call_from_dict(raw: dict[str, Any] | None) -> CallState | None:
+    if not raw:
+        return None
+    raw["status"] = CallStatus(raw["status"])
+    return CallState(**raw)
+
+
+_SHAPED = (Snapshot, Frame, AgendaEntry, CallState, RecoveryState, Resource)
 _FIELDS: dict[type[Any], set[str]] = {
     cls: {f.name for f in dataclasses.fields(cls)} for cls in _SHAPED}
 _HINTS: dict[type[Any], dict[str, Any]] = {cls: typing.get_type_hints(cls) for cls in _SHAPED}
@@ -513,8 +574,11 @@ class IdempotencyRecord:
     task_id: str
     tool: str
     args_hash: str
-    status: str  # started | succeeded | failed
+    status: OutcomeStatus
     result: Any = None
     error: str | None = None
     attempts: int = 0
     updated_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", OutcomeStatus(self.status))  # as a store read it

@@ -86,7 +86,7 @@ async def test_r03_a_read_only_fallback_holds_a_write_until_recovery_then_runs_i
     await h.run_until_idle(timeout=5)
     info = await h.get(tid)
     assert info.record.status is Status.PAUSED and written == []
-    assert info.snapshot.frame.agenda[0]["name"] == "save"
+    assert info.snapshot.frame.agenda[0].action["name"] == "save"
     assert "degrade_pause" in await strategies(h, tid)
     await h.emit(tt.Event("recover", tid))
     await h.run_until_idle(timeout=5)

@@ -61,7 +61,8 @@ def _damage_newest_head(path: Path, tid: str, edit: str) -> int:
         elif edit == "wrong type":
             raw["step"] = "seven"
         else:
-            raw["stack"][0]["agenda"] = [{"kind": "teleport"}]
+            raw["stack"][0]["agenda"] = [{"action": {"kind": "teleport"}, "planned_by": None,
+                                          "open_call": None}]
         db.execute("UPDATE snapshots SET head = ? WHERE task_id = ? AND version = ?",
                    (orjson.dumps(raw), tid, version))
     return int(version)

@@ -179,7 +179,7 @@ async def test_e8_planned_tool_removed_by_deploy_goes_to_needs_human_naming_it(d
     await asyncio.gather(old.run_until_idle(timeout=5), interrupt())
     paused = await old.get(tid)
     assert paused.record.status is tt.Status.PAUSED
-    assert paused.snapshot.frame.agenda[0]["name"] == "legacy_export"
+    assert paused.snapshot.frame.agenda[0].action["name"] == "legacy_export"
     await old.close()
 
     new = tt.Harness(db_url, settings=fast_settings())  # the deploy: the tool is gone

@@ -11,7 +11,9 @@ import pytest
 from tether.errors import CorruptSnapshot, IllegalTransition, InvalidInput
 from tether.model import (
     SNAPSHOT_FORMAT,
+    AgendaEntry,
     CallState,
+    CallStatus,
     Event,
     Fail,
     Finish,
@@ -129,7 +131,8 @@ def test_to_plain_refuses_non_serialisable(value: Any) -> None:
 
 def _full_snapshot() -> Snapshot:
     root = Frame(agent="planner", input={"goal": "refund"}, frame_id="f-root", steps=2,
-                 scratch={"seen": [1, 2]}, agenda=[action_to_dict(Reply("ok"))])
+                 scratch={"seen": [1, 2]},
+                 agenda=[AgendaEntry(action_to_dict(Reply("ok")), planned_by="planner@1")])
     child = Frame(agent="refunder", input={"order": "o-1"}, frame_id="f-child",
                   wait={"event_type": "approval", "due": 123.0})
     return Snapshot(
@@ -141,7 +144,7 @@ def _full_snapshot() -> Snapshot:
         step=5,
         stack=[root, child],
         call=CallState(key="t1:f-child:0", tool="refund", args={"amount": 10}, args_hash="abc",
-                       status="started", attempt=1),
+                       status=CallStatus.STARTED, attempt=1),
         resources=[Resource(kind="file", ref="/tmp/x", cleanup="on_success")],
         signals={"progress": 0.5},
         history_len=7,
@@ -197,6 +200,35 @@ def test_corrupt_snapshot_names_task_and_version(data: bytes) -> None:
         Snapshot.loads(data, "task-7", 42)
     message = str(info.value)
     assert "task-7" in message and "42" in message
+
+
+def test_a_format_6_agenda_is_upgraded_to_entries_with_their_open_call() -> None:
+    """R8, E8: a head written before agenda entries were objects (format 6: the action, who
+    planned it and an open call put aside, all in one flat dict) loads as AgendaEntry objects,
+    the open call as a CallState with its key and attempts."""
+    raw = orjson.loads(_full_snapshot().dumps())
+    raw["format"] = 6
+    call = {"key": "k-1", "tool": "refund", "args": {"amount": 10}, "args_hash": "abc",
+            "status": "failed", "attempt": 2, "retry_at": None, "error": "boom"}
+    raw["stack"][0]["agenda"] = [
+        {"kind": "tool_call", "name": "refund", "args": {"amount": 10},
+         "planned_by": "planner@1", "open_call": call},
+        {"kind": "reply", "text": "ok"}]
+    loaded = Snapshot.loads(orjson.dumps(raw), "t1", 3)
+    first, second = loaded.stack[0].agenda
+    assert first == AgendaEntry({"kind": "tool_call", "name": "refund", "args": {"amount": 10}},
+                                "planner@1", CallState(**{**call, "status": CallStatus.FAILED}))
+    assert first.to_action() == ToolCall("refund", {"amount": 10})
+    assert second == AgendaEntry({"kind": "reply", "text": "ok"})
+    assert loaded.format == SNAPSHOT_FORMAT
+
+
+def test_an_agenda_entry_of_an_unknown_kind_is_damage() -> None:
+    """R13: an agenda entry naming no known action makes the head unreadable, by name."""
+    raw = orjson.loads(_full_snapshot().dumps())
+    raw["stack"][0]["agenda"][0]["action"]["kind"] = "teleport"
+    with pytest.raises(CorruptSnapshot, match="teleport"):
+        Snapshot.loads(orjson.dumps(raw), "t1", 3)
 
 
 # --------------------------------------------------------------------------- actions

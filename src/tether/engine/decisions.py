@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from tether.model import CallState, Snapshot
+from tether.model import CallState, CallStatus, Snapshot
 from tether.tools import Tool
 
 DECISIONS = ("happened", "not_happened", "skip")
@@ -26,7 +26,7 @@ def call_awaiting_decision(snap: Snapshot, tools: Mapping[str, Tool]) -> CallSta
     run again until a person says what happened.
     """
     call = snap.call
-    if call is None or call.status != "started":
+    if call is None or call.status != CallStatus.STARTED:
         return None
     tool = tools.get(call.tool)
     if tool is not None and (tool.idempotent or tool.reconcile_fn is not None):

@@ -18,12 +18,11 @@ by the task's own loop, between steps.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from tether.engine.task import RunningTask
 from tether.model import Event, Snapshot, Status
-
-if TYPE_CHECKING:
-    from tether.engine.runner import Runner
+from tether.strategies import Strategy
 
 DEGRADE_EVENTS = frozenset({"degrade", "recover"})
 PAUSED_BY_DEGRADE = "degrade_paused"
@@ -36,60 +35,60 @@ def in_force(snap: Snapshot) -> dict[str, Any] | None:
     return snap.degraded or snap.worker_degraded
 
 
-def switch(runner: Runner, event: Event) -> None:
+def switch(task: RunningTask, event: Event) -> None:
     """A task-level ``degrade`` or ``recover`` event changes the task's mode. (The event itself
     is then delivered like any other: written to the dialog, offered to the agents, and
     treated per its priority; a P2 degrade also brings a pending retry forward, E2.)"""
-    snap = runner.snap
+    snap = task.snap
     if event.type == "recover" and snap.degraded is None:
         return
     payload = event.payload if isinstance(event.payload, dict) else {"reason": event.payload}
     snap.degraded = {**payload, "event_id": event.id} if event.type == "degrade" else None
-    runner.log_recovery(event.type, event.id, f"task: {payload}")
-    _follow(runner, event.id)
+    task.log_recovery(Strategy(event.type), event.id, f"task: {payload}")
+    _follow(task, event.id)
 
 
-def follow_worker(runner: Runner) -> None:
+def follow_worker(task: RunningTask) -> None:
     """Record a change of the worker-wide mode in this task's dialog, and follow it."""
-    snap = runner.snap
-    wanted = runner.harness.degraded
+    snap = task.snap
+    wanted = task.worker_degraded
     if wanted == snap.worker_degraded or snap.status.is_terminal:
         return
     snap.worker_degraded = wanted
     kind = "degrade" if wanted else "recover"
-    runner.append_history({"role": "system", "event": kind, "scope": "worker", "content": wanted})
-    runner.log_recovery(kind, detail=f"worker: {wanted}")
-    _follow(runner, None)
+    task.append_history({"role": "system", "event": kind, "scope": "worker", "content": wanted})
+    task.log_recovery(Strategy(kind), detail=f"worker: {wanted}")
+    _follow(task, None)
 
 
-def allows(runner: Runner, tool: str) -> bool:
+def allows(task: RunningTask, tool: str) -> bool:
     """Whether a call to *tool* may run now; if not, the task pauses until recovery."""
-    snap = runner.snap
+    snap = task.snap
     if in_force(snap) is None:
         return True
-    allowed = runner.agent_for(snap.frame).fallback.tools
+    allowed = task.agent_for(snap.frame).fallback.tools
     if allowed is None or tool in allowed:
         return True
-    _pause(runner, f"{tool} is not in the fallback tool set while degraded; it runs after a"
+    _pause(task, f"{tool} is not in the fallback tool set while degraded; it runs after a"
                    " recover event")
     return False
 
 
-def _follow(runner: Runner, event_id: int | None) -> None:
+def _follow(task: RunningTask, event_id: int | None) -> None:
     """Pause if the agent's fallback says so; end a pause that degradation caused."""
-    snap = runner.snap
-    if in_force(snap) is not None and runner.agent_for(snap.frame).fallback.pause:
-        _pause(runner, "the agent's fallback is to pause while degraded")
+    snap = task.snap
+    if in_force(snap) is not None and task.agent_for(snap.frame).fallback.pause:
+        _pause(task, "the agent's fallback is to pause while degraded")
     elif in_force(snap) is None and snap.signals.pop(PAUSED_BY_DEGRADE, None) \
             and snap.status is Status.PAUSED:
-        runner.set_status(Status.RUNNING)
-        runner.log_recovery("recover_resume", event_id, "degradation over; carrying on")
+        task.set_status(Status.RUNNING)
+        task.log_recovery(Strategy.RECOVER_RESUME, event_id, "degradation over; carrying on")
 
 
-def _pause(runner: Runner, why: str) -> None:
-    snap = runner.snap
+def _pause(task: RunningTask, why: str) -> None:
+    snap = task.snap
     if snap.status is not Status.RUNNING:
         return
     snap.signals[PAUSED_BY_DEGRADE] = True
-    runner.set_status(Status.PAUSED)
-    runner.log_recovery("degrade_pause", detail=why)
+    task.set_status(Status.PAUSED)
+    task.log_recovery(Strategy.DEGRADE_PAUSE, detail=why)

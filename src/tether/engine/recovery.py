@@ -13,41 +13,41 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tether import blobs
 from tether.engine import timers
 from tether.engine.decisions import DECISIONS, args_text, call_awaiting_decision, in_doubt_message
+from tether.engine.task import RunningTask, TaskReads, end_wait, hand_to_person
 from tether.errors import IllegalTransition, InDoubtCall, InvalidInput, TetherError, VersionNotFound
 from tether.failpoints import failpoint
 from tether.model import (
     CallState,
+    CallStatus,
     Event,
+    OutcomeStatus,
     Replan,
     Snapshot,
     Status,
     check_count,
     to_plain,
 )
+from tether.strategies import Strategy
 from tether.tools import Tool, ToolContext, describe_error, failure_fingerprint
-
-if TYPE_CHECKING:
-    from tether.engine.runner import Runner
-    from tether.store import Store
 
 log = logging.getLogger("tether.recovery")
 
 
 
-def log_record(runner: Runner, strategy: str, event_id: int | None, detail: str) -> dict[str, Any]:
+def log_record(task: RunningTask, strategy: Strategy, event_id: int | None, detail: str) -> dict[str, Any]:
     """The structured record of one recovery action, with the fields R23 names."""
     return {
-        "task_id": runner.snap.task_id,
-        "checkpoint_version": runner.version,
+        "task_id": task.snap.task_id,
+        "checkpoint_version": task.version,
         "event_id": event_id,
         "resume_strategy": strategy,
-        "recovery_attempt": runner.snap.recovery.attempts,
-        "step": runner.snap.step,
+        "recovery_attempt": task.snap.recovery.attempts,
+        "step": task.snap.step,
         "detail": detail,
         "at": time.time(),
     }
@@ -62,189 +62,172 @@ def emit_log_records(records: list[dict[str, Any]], version: int) -> None:
 # ---------------------------------------------------------------------- restart
 
 
-async def restore(runner: Runner) -> None:
+async def restore(task: RunningTask) -> None:
     """Bring a freshly claimed task back to a state the loop can continue from."""
-    snap = runner.snap
+    snap = task.snap
     if snap.status.is_terminal:
         return
-    if snap.status is Status.PENDING:
-        runner.set_status(Status.RUNNING)
-        await runner.store.set_status(runner.claim, Status.RUNNING, None)  # visible at once (R2)
-    crashed = runner.claim.crashed
+    crashed = task.claim.crashed
     # A parked task's in-doubt call was already resolved (to a person); only a running task's
     # call is looked at again, so a lever on a parked task does not re-ask reconcile hooks.
     in_doubt = snap.status is Status.RUNNING and snap.call is not None \
-        and snap.call.status == "started"
+        and snap.call.status == CallStatus.STARTED
     if crashed or in_doubt:
         failpoint("during_recovery")
         if crashed:
             # The store counted this crash at claim time, so a worker that dies while
             # recovering (before any commit) still uses up the budget.
-            runner.snap.recovery.attempts = max(runner.snap.recovery.attempts,
-                                                runner.claim.crashes - 1)
-            if not await _count_attempt(runner, "the worker running it died (lease expired)"):
+            task.snap.recovery.attempts = max(task.snap.recovery.attempts,
+                                                task.claim.crashes - 1)
+            if not _count_attempt(task, "the worker running it died (lease expired)"):
                 return
-            runner.log_recovery("resume", detail=f"restored version {runner.version} at step"
+            task.log_recovery(Strategy.RESUME, detail=f"restored version {task.version} at step"
                                 f" {snap.step} after the worker died")
-            check_resources(runner)
+            check_resources(task)
         if in_doubt:
-            await resolve_in_doubt(runner)
-    await timers.fire_due(runner)  # what fell due while no worker held the task (E6)
+            await resolve_in_doubt(task)
+    await timers.fire_due(task)  # what fell due while no worker held the task (E6)
     if snap.status is Status.WAITING and not timers.overdue(snap):
-        await ask_check_wait(runner)  # it may have happened outside, unseen (R16)
+        await ask_check_wait(task)  # it may have happened outside, unseen (R16)
 
 
-async def _count_attempt(runner: Runner, why: str) -> bool:
+def _count_attempt(task: RunningTask, why: str) -> bool:
     """Count one recovery; False (and the task handed over) once the budget is spent (R12)."""
-    rec = runner.snap.recovery
+    rec = task.snap.recovery
     rec.attempts += 1
     rec.started_at = rec.started_at or time.time()
     rec.reasons.append(why)
-    if rec.attempts > runner.settings.max_recovery_attempts:
-        await hand_to_person(runner, f"gave up after {rec.attempts - 1} recoveries at step"
-                             f" {runner.snap.step}; last: {why}", strategy="needs_human")
+    if rec.attempts > task.settings.max_recovery_attempts:
+        hand_to_person(task, f"gave up after {rec.attempts - 1} recoveries at step"
+                             f" {task.snap.step}; last: {why}", strategy=Strategy.NEEDS_HUMAN)
         return False
-    if time.time() - rec.started_at > runner.settings.recovery_timeout:
-        runner.snap.error = (f"recovery took longer than recovery_timeout="
-                             f"{runner.settings.recovery_timeout}s; last: {why}")
-        runner.set_status(Status.FAILED)
-        runner.log_recovery("fail_timeout", detail=runner.snap.error)
+    if time.time() - rec.started_at > task.settings.recovery_timeout:
+        task.snap.error = (f"recovery took longer than recovery_timeout="
+                             f"{task.settings.recovery_timeout}s; last: {why}")
+        task.set_status(Status.FAILED)
+        task.log_recovery(Strategy.FAIL_TIMEOUT, detail=task.snap.error)
         return False
     return True
 
 
-async def resolve_in_doubt(runner: Runner) -> None:
+async def resolve_in_doubt(task: RunningTask) -> None:
     """Decide what to do with a call whose outcome a crash left unknown (R10)."""
-    call = runner.snap.call
+    call = task.snap.call
     assert call is not None
-    record = await runner.store.get_idempotency(call.key)
+    record = await task.reads.get_idempotency(call.key)
     same_call = record is not None and record.args_hash == call.args_hash
-    if record and same_call and record.status == "succeeded":
-        runner.log_recovery("reuse_result", detail=f"{call.tool} finished before the crash")
-        await runner.finish_call(call, record.result, from_record=True)
+    if record and same_call and record.status == OutcomeStatus.SUCCEEDED:
+        task.log_recovery(Strategy.REUSE_RESULT, detail=f"{call.tool} finished before the crash")
+        task.finish_call(call, record.result, from_record=True)
         return
-    if record and same_call and record.status == "failed":
-        call.status = "planned"  # its last attempt is known to have failed: safe to run
-        runner.log_recovery("rerun_failed", detail=f"{call.tool} key={call.key} had failed")
+    if record and same_call and record.status == OutcomeStatus.FAILED:
+        call.status = CallStatus.PLANNED  # its last attempt is known to have failed: safe to run
+        task.log_recovery(Strategy.RERUN_FAILED, detail=f"{call.tool} key={call.key} had failed")
         return
-    tool = runner.harness.tools.get(call.tool)
+    tool = task.tools.get(call.tool)
     if tool is None:
-        await hand_to_person(runner, f"tool {call.tool!r} (call {call.key}) is no longer"
+        hand_to_person(task, f"tool {call.tool!r} (call {call.key}) is no longer"
                              " registered, so its in-flight outcome cannot be checked (E8)")
         return
     if tool.idempotent:
-        call.status = "planned"
-        runner.log_recovery("rerun_idempotent", detail=f"{call.tool} re-runs with key {call.key}")
+        call.status = CallStatus.PLANNED
+        task.log_recovery(Strategy.RERUN_IDEMPOTENT, detail=f"{call.tool} re-runs with key {call.key}")
         return
     if tool.reconcile_fn is None:
-        await hand_to_person(runner, f"outcome unknown: side-effecting call {call.tool}"
+        hand_to_person(task, f"outcome unknown: side-effecting call {call.tool}"
                              f"({args_text(call)}) key={call.key} was in flight when the worker"
                              " died and the tool has no reconcile hook; it was not repeated")
         return
-    await _reconcile(runner, tool, call)
+    await _reconcile(task, tool, call)
 
 
-async def _reconcile(runner: Runner, tool: Tool, call: CallState) -> None:
+async def _reconcile(task: RunningTask, tool: Tool, call: CallState) -> None:
     assert tool.reconcile_fn is not None
-    ctx = ToolContext(runner.snap.task_id, tool.name, call.key, call.attempt, runner.claim.fence)
+    ctx = ToolContext(task.snap.task_id, tool.name, call.key, call.attempt, task.claim.fence)
     try:
         found = await tool.reconcile_fn(ctx, **call.args)
     except Exception as error:  # the hook itself failing must not crash the worker
-        await hand_to_person(runner, f"reconcile hook of {call.tool} failed for key {call.key}:"
+        hand_to_person(task, f"reconcile hook of {call.tool} failed for key {call.key}:"
                              f" {describe_error(error)}; the call was not repeated")
         return
     if found is None:
-        call.status = "planned"
-        runner.log_recovery("reconcile_not_done", detail=f"{call.tool} key={call.key} never"
+        call.status = CallStatus.PLANNED
+        task.log_recovery(Strategy.RECONCILE_NOT_DONE, detail=f"{call.tool} key={call.key} never"
                             " happened; it runs now with the same key")
         return
-    runner.log_recovery("reconcile", detail=f"{call.tool} key={call.key} had happened; its"
+    task.log_recovery(Strategy.RECONCILE, detail=f"{call.tool} key={call.key} had happened; its"
                         " result was recovered, not repeated")
-    await runner.finish_call(call, to_plain(found))
+    task.finish_call(call, to_plain(found))
 
 
-async def ask_check_wait(runner: Runner) -> None:
+async def ask_check_wait(task: RunningTask) -> None:
     """Ask the agent whether what the frame waits for has already happened (R16).
 
     Asked when a Wait begins (an approval may have come in while the task was still busy:
     it is in the dialog, and the agent decides whether it counts) and whenever a waiting
     task is loaded again (it may have happened outside without an event).
     """
-    from tether.engine.events import end_wait
-
-    frame = runner.snap.frame
+    frame = task.snap.frame
     wait = frame.wait
     if not wait:
         return
-    agent = runner.agent_for(frame)
+    agent = task.agent_for(frame)
     try:
-        found = await agent.check_wait(runner.view(), wait)
+        found = await agent.check_wait(task.view(), wait)
         found = None if found is None else to_plain(found)
     except Exception as error:  # agent code may raise anything
-        await hand_to_person(runner, f"check_wait of agent {agent.name!r} failed:"
+        hand_to_person(task, f"check_wait of agent {agent.name!r} failed:"
                              f" {type(error).__name__}: {error}")
         return
     if found is not None:
-        end_wait(runner, {"type": wait["event_type"], "payload": found, "source": "check_wait"})
-        runner.log_recovery("wait_validated", detail=f"{wait['event_type']} had already"
+        end_wait(task, {"type": wait["event_type"], "payload": found, "source": "check_wait"})
+        task.log_recovery(Strategy.WAIT_VALIDATED, detail=f"{wait['event_type']} had already"
                             " happened; the wait ends without a new event")
 
 
-def check_resources(runner: Runner) -> None:
+def check_resources(task: RunningTask) -> None:
     """Mark resources that vanished while the task was down, so the agent can see it (R16)."""
-    for resource in runner.snap.resources:
+    for resource in task.snap.resources:
         try:
-            exists = runner.harness.resource_kinds.get(resource.kind).exists(resource.ref)
+            exists = task.resource_kinds.get(resource.kind).exists(resource.ref)
         except TetherError as error:
             exists, detail = False, str(error)
         else:
             detail = f"{resource.kind} {resource.ref} is gone"
         if not exists and not resource.missing:
             resource.missing = True
-            runner.log_recovery("resource_missing", detail=detail)
-
-
-def clean_up_resources(runner: Runner) -> None:
-    """Apply each resource's cleanup policy when the task ends."""
-    succeeded = runner.snap.status is Status.COMPLETED
-    for resource in runner.snap.resources:
-        if resource.cleanup == "keep" or (resource.cleanup == "on_success" and not succeeded):
-            continue
-        try:
-            runner.harness.resource_kinds.get(resource.kind).cleanup(resource.ref)
-        except (OSError, TetherError) as error:
-            runner.log_recovery("cleanup_failed", detail=f"{resource.kind} {resource.ref}: {error}")
+            task.log_recovery(Strategy.RESOURCE_MISSING, detail=detail)
 
 
 # ---------------------------------------------------------------------- tool failures
 
 
-async def tool_failed(runner: Runner, tool: Tool, call: CallState, error: Exception) -> None:
+async def tool_failed(task: RunningTask, tool: Tool, call: CallState, error: Exception) -> None:
     """A call attempt failed: retry per policy, else let the agent compensate, else recover."""
     fingerprint = failure_fingerprint(tool.name, error)
     call.error = describe_error(error)
-    call.status = "failed"
-    runner.record_idempotency(call, "failed", error=call.error)
+    call.status = CallStatus.FAILED
+    task.record_idempotency(call, OutcomeStatus.FAILED, error=call.error)
     if tool.retry.should_retry(error, call.attempt):
         call.retry_at = time.time() + tool.retry.delay(call.attempt)
-        await runner.commit()
+        task.request_commit()
         return
-    await _give_up(runner, call, fingerprint)
+    await _give_up(task, call, fingerprint)
 
 
-async def outcome_unknown(runner: Runner, tool: Tool, call: CallState, error: Exception) -> None:
+async def outcome_unknown(task: RunningTask, tool: Tool, call: CallState, error: Exception) -> None:
     """A side-effecting call timed out or lost its answer: never retried blindly (R10).
 
     The same path as a crash mid-call: ask the reconcile hook, else a person.
     """
     call.error = describe_error(error)
-    runner.log_recovery("outcome_unknown", detail=f"{call.tool} key={call.key}: {call.error}")
-    await resolve_in_doubt(runner)
-    if runner.snap.call is call and call.status == "planned":
-        await tool_failed(runner, tool, call, error)  # it never happened: an ordinary failure
+    task.log_recovery(Strategy.OUTCOME_UNKNOWN, detail=f"{call.tool} key={call.key}: {call.error}")
+    await resolve_in_doubt(task)
+    if task.snap.call is call and call.status == CallStatus.PLANNED:
+        await tool_failed(task, tool, call, error)  # it never happened: an ordinary failure
 
 
-async def unusable_result(runner: Runner, tool: Tool, call: CallState, raw: Any,
+async def unusable_result(task: RunningTask, tool: Tool, call: CallState, raw: Any,
                           error: Exception) -> None:
     """The tool ran but returned something tether cannot keep (not JSON, or too large):
     record that it ran, then stop.
@@ -253,103 +236,103 @@ async def unusable_result(runner: Runner, tool: Tool, call: CallState, raw: Any,
     succeeded with a short description of the value, and a person is asked to fix the tool.
     """
     marker = {"unusable_result": repr(raw)[:500], "why": str(error)[:500]}
-    runner.record_idempotency(call, "succeeded", result=marker)
-    await runner.finish_call(call, marker, from_record=True, defer=True)
-    await hand_to_person(runner, f"{error}; the call is recorded as done and was not"
+    task.record_idempotency(call, OutcomeStatus.SUCCEEDED, result=marker)
+    task.finish_call(call, marker, from_record=True, defer=True)
+    hand_to_person(task, f"{error}; the call is recorded as done and was not"
                          f" repeated; make tool {tool.name} return plain data of a bounded size"
                          " (store large data elsewhere and return a reference), then resume")
 
 
-async def over_step_limit(runner: Runner) -> bool:
+def over_step_limit(task: RunningTask) -> bool:
     """Whether the task has used its budget of steps; if so it goes to a person (a runaway
     agent must not plan forever). A person's resume grants the same budget again."""
-    snap = runner.snap
-    limit = snap.max_steps or runner.settings.max_steps
+    snap = task.snap
+    limit = snap.max_steps or task.settings.max_steps
     if snap.step - snap.budget_start < limit:
         return False
-    await hand_to_person(runner, f"the task took {snap.step - snap.budget_start} steps, its limit"
+    hand_to_person(task, f"the task took {snap.step - snap.budget_start} steps, its limit"
                          f" (max_steps={limit}); look at what it is doing, then resume it for"
-                         f" {limit} more", strategy="step_limit")
+                         f" {limit} more", strategy=Strategy.STEP_LIMIT)
     return True
 
 
-async def _give_up(runner: Runner, call: CallState, fingerprint: str) -> None:
-    snap = runner.snap
+async def _give_up(task: RunningTask, call: CallState, fingerprint: str) -> None:
+    snap = task.snap
     frame = snap.frame
     failure = {"tool": call.tool, "key": call.key, "error": call.error,
                "fingerprint": fingerprint, "attempts": call.attempt}
-    runner.append_history({"role": "tool", "name": call.tool, "key": call.key,
+    task.append_history({"role": "tool", "name": call.tool, "key": call.key,
                            "error": call.error})
     repeat = f"{fingerprint}:{call.args_hash}"
     snap.recovery.given_up[repeat] = snap.recovery.given_up.get(repeat, 0) + 1
     if snap.recovery.given_up[repeat] > 1:
-        await hand_to_person(runner, f"{call.tool} with the same arguments failed the same way"
+        hand_to_person(task, f"{call.tool} with the same arguments failed the same way"
                              f" again ({call.error}); fingerprint {fingerprint} (R22)")
         return
     event = Event("tool_error", snap.task_id, failure, priority=2)
     scratch = dict(frame.scratch)
-    agent = runner.agent_for(frame)
-    action = await agent.on_event(runner.view(scratch), event)
+    agent = task.agent_for(frame)
+    action = await agent.on_event(task.view(scratch), event)
     if action is not None:
         frame.scratch = scratch
-        _move_past_call(runner, failure)
+        _move_past_call(task, failure)
         if isinstance(action, Replan):
             frame.agenda.clear()  # plan again, now knowing the call failed
         else:
-            runner.put_first(action, agent=agent)
-        runner.log_recovery("skip", detail=f"{call.tool} failed for good ({call.error}); the"
+            task.put_first(action, agent=agent)
+        task.log_recovery(Strategy.SKIP, detail=f"{call.tool} failed for good ({call.error}); the"
                             f" agent chose {type(action).__name__}")
-        await runner.commit()
+        task.request_commit()
         return
-    await _recover_call(runner, call, fingerprint)
+    _recover_call(task, call, fingerprint)
 
 
-async def _recover_call(runner: Runner, call: CallState, fingerprint: str) -> None:
-    delay = await _next_recovery(runner, fingerprint, f"{call.tool}: {call.error}")
+def _recover_call(task: RunningTask, call: CallState, fingerprint: str) -> None:
+    delay = _next_recovery(task, fingerprint, f"{call.tool}: {call.error}")
     if delay is None:
         return
-    call.status = "failed"
+    call.status = CallStatus.FAILED
     call.attempt = 0
     call.retry_at = time.time() + delay
-    runner.log_recovery("retry_backoff", detail=f"{call.tool} gave up ({call.error}); retrying"
-                        f" in {delay:.2f}s, recovery {runner.snap.recovery.attempts} of"
-                        f" {runner.settings.max_recovery_attempts}")
-    await runner.commit()
+    task.log_recovery(Strategy.RETRY_BACKOFF, detail=f"{call.tool} gave up ({call.error}); retrying"
+                        f" in {delay:.2f}s, recovery {task.snap.recovery.attempts} of"
+                        f" {task.settings.max_recovery_attempts}")
+    task.request_commit()
 
 
-async def plan_failed(runner: Runner, error: Exception) -> None:
+def plan_failed(task: RunningTask, error: Exception) -> None:
     """The agent's plan (often a model call) raised: retry with backoff, stop on a repeat (R22)."""
-    agent = runner.snap.frame.agent
+    agent = task.snap.frame.agent
     text = describe_error(error)
     fingerprint = failure_fingerprint(f"plan:{agent}", error)
-    delay = await _next_recovery(runner, fingerprint, f"planning by agent {agent!r}: {text}")
+    delay = _next_recovery(task, fingerprint, f"planning by agent {agent!r}: {text}")
     if delay is None:
         return
-    runner.snap.recovery.retry_at = time.time() + delay
-    runner.log_recovery("retry_plan", detail=f"agent {agent} failed to plan ({text});"
+    task.snap.recovery.retry_at = time.time() + delay
+    task.log_recovery(Strategy.RETRY_PLAN, detail=f"agent {agent} failed to plan ({text});"
                         f" retrying in {delay:.2f}s")
-    await runner.commit()
+    task.request_commit()
 
 
-async def _next_recovery(runner: Runner, fingerprint: str, failure: str) -> float | None:
+def _next_recovery(task: RunningTask, fingerprint: str, failure: str) -> float | None:
     """The backoff before the next recovery, or None once the task was handed over (R12, R22)."""
-    rec = runner.snap.recovery
+    rec = task.snap.recovery
     if fingerprint in rec.fingerprints:
-        await hand_to_person(runner, f"{failure} failed again the same way; fingerprint"
+        hand_to_person(task, f"{failure} failed again the same way; fingerprint"
                              f" {fingerprint} seen before, so it is not retried (R22)")
         return None
-    if not await _count_attempt(runner, failure):
-        await runner.commit()
+    if not _count_attempt(task, failure):
+        task.request_commit()
         return None
     rec.fingerprints.append(fingerprint)
-    return runner.settings.recovery_backoff * float(2 ** (rec.attempts - 1))
+    return task.settings.recovery_backoff * float(2 ** (rec.attempts - 1))
 
 
-def progress_made(runner: Runner) -> None:
+def progress_made(task: RunningTask) -> None:
     """A step succeeded: the recovery budget is per resume point, so it starts afresh."""
-    runner.mark_progress()
-    runner.harness.counters["steps"] += 1
-    rec = runner.snap.recovery
+    task.mark_progress()
+    task.counters["steps"] += 1
+    rec = task.snap.recovery
     if rec.attempts or rec.fingerprints:
         rec.attempts = 0
         rec.fingerprints = []
@@ -359,18 +342,9 @@ def progress_made(runner: Runner) -> None:
 # ---------------------------------------------------------------------- people
 
 
-async def hand_to_person(runner: Runner, reason: str, strategy: str = "needs_human") -> None:
-    """Park the task for a person (R26); the worker exports the bundle and notifies."""
-    runner.snap.error = reason
-    runner.snap.recovery.reasons.append(reason)
-    runner.set_status(Status.NEEDS_HUMAN)
-    runner.log_recovery(strategy, detail=reason)
-    await runner.commit()
-
-
-async def human_decide(runner: Runner, event: Event) -> None:
+async def human_decide(task: RunningTask, event: Event) -> None:
     """A person settles a call in doubt: it happened, it did not, or skip it (R10, R26)."""
-    snap = runner.snap
+    snap = task.snap
     payload = event.payload if isinstance(event.payload, dict) else {}
     outcome, by = payload.get("outcome"), str(payload.get("by") or "unknown")
     call = snap.call
@@ -380,22 +354,22 @@ async def human_decide(runner: Runner, event: Event) -> None:
             or payload.get("key") != call.key:
         raise IllegalTransition(f"task {snap.task_id} has no call in doubt under key"
                                 f" {payload.get('key')!r}; nothing was decided")
-    runner.append_history({"role": "event", "type": "decide", "event_id": event.id, "content": {
+    task.append_history({"role": "event", "type": "decide", "event_id": event.id, "content": {
         "outcome": outcome, "by": by, "tool": call.tool, "key": call.key,
         "result": payload.get("result")}})
     snap.recovery = type(snap.recovery)()
     snap.error = None
-    runner.mark_progress()
+    task.mark_progress()
     if snap.status is not Status.RUNNING:
-        runner.set_status(Status.RUNNING)
-    runner.log_recovery("human_decision", event.id, f"{by} said {call.tool} key={call.key}"
+        task.set_status(Status.RUNNING)
+    task.log_recovery(Strategy.HUMAN_DECISION, event.id, f"{by} said {call.tool} key={call.key}"
                         f" {_DECIDED[outcome]}")
     if outcome == "happened":
-        await runner.finish_call(call, to_plain(payload.get("result")))
+        task.finish_call(call, to_plain(payload.get("result")))
     elif outcome == "not_happened":
-        call.status = "planned"
+        call.status = CallStatus.PLANNED
     else:
-        _skip_call(runner, call, by)
+        _skip_call(task, call, by)
 
 
 _DECIDED = {"happened": "had happened; its result is recorded and it is not run again",
@@ -403,17 +377,17 @@ _DECIDED = {"happened": "had happened; its result is recorded and it is not run 
             "skip": "is to be skipped; it is dropped without running"}
 
 
-def _skip_call(runner: Runner, call: CallState, by: str) -> None:
+def _skip_call(task: RunningTask, call: CallState, by: str) -> None:
     """Drop a call in doubt: the agent sees it was skipped and plans on from there."""
-    runner.append_history({"role": "tool", "name": call.tool, "key": call.key, "content": None,
+    task.append_history({"role": "tool", "name": call.tool, "key": call.key, "content": None,
                            "skipped": True})
-    runner.snap.frame.last_tool_result = None
-    _move_past_call(runner, {"tool": call.tool, "key": call.key, "skipped": True, "by": by})
+    task.snap.frame.last_tool_result = None
+    _move_past_call(task, {"tool": call.tool, "key": call.key, "skipped": True, "by": by})
 
 
-def _move_past_call(runner: Runner, error: dict[str, Any]) -> None:
+def _move_past_call(task: RunningTask, error: dict[str, Any]) -> None:
     """Leave the frame's current call behind without a result: the agent sees *error*."""
-    snap = runner.snap
+    snap = task.snap
     frame = snap.frame
     frame.last_tool_error = error
     frame.agenda.pop(0)
@@ -422,58 +396,58 @@ def _move_past_call(runner: Runner, error: dict[str, Any]) -> None:
     snap.call = None
 
 
-async def human_resume(runner: Runner, event: Event) -> None:
+async def human_resume(task: RunningTask, event: Event) -> None:
     """A person resumes a paused, waiting or parked task, optionally amending it."""
-    snap = runner.snap
+    snap = task.snap
     assert event.id is not None
     payload = event.payload if isinstance(event.payload, dict) else {}
-    undecided = call_awaiting_decision(snap, runner.harness.tools)
+    undecided = call_awaiting_decision(snap, task.tools)
     if undecided is not None and not snap.status.is_terminal:
         raise InDoubtCall(in_doubt_message(snap.task_id, undecided))
     amended = bool(payload.get("message") or payload.get("frame_patch"))
     if snap.status not in (Status.PAUSED, Status.NEEDS_HUMAN, Status.FAILED, Status.WAITING):
         if amended and snap.status is Status.RUNNING:
-            _amend(runner, payload)
-            runner.log_recovery("amend", event.id, "task already running; the person's message"
+            _amend(task, payload)
+            task.log_recovery(Strategy.AMEND, event.id, "task already running; the person's message"
                                 " and patch were applied without a recovery")
         else:
-            runner.log_recovery("resume_ignored", event.id,
+            task.log_recovery(Strategy.RESUME_IGNORED, event.id,
                                 f"task already {snap.status.value}; duplicate resume signal (R21)")
         return
-    _amend(runner, payload)
+    _amend(task, payload)
     snap.recovery = type(snap.recovery)()
     snap.error = None
     snap.budget_start = snap.step
-    runner.mark_progress()
-    _settle_call_for_resume(runner, amended)
+    task.mark_progress()
+    _settle_call_for_resume(task, amended)
     if snap.frame.wait and snap.status is Status.WAITING:
         snap.frame.wait = None  # a person ends the wait; a paused task keeps its armed wait
         snap.frame.last_event = {"type": "resume", "payload": payload}
-    runner.set_status(Status.RUNNING)
-    runner.log_recovery("human_resume", event.id, f"resumed by {payload.get('by') or 'unknown'}"
+    task.set_status(Status.RUNNING)
+    task.log_recovery(Strategy.HUMAN_RESUME, event.id, f"resumed by {payload.get('by') or 'unknown'}"
                         + (f": {payload['message']}" if payload.get("message") else ""))
-    if snap.call is not None and snap.call.status == "started":
-        await resolve_in_doubt(runner)  # reconcile (or re-run an idempotent call), never blind
+    if snap.call is not None and snap.call.status == CallStatus.STARTED:
+        await resolve_in_doubt(task)  # reconcile (or re-run an idempotent call), never blind
 
 
-async def branch_history(store: Store, snap: Snapshot) -> int:
+async def branch_history(reads: TaskReads, snap: Snapshot) -> int:
     """Start a new dialog branch after *snap*'s last row; rows written later stay stored."""
-    epoch = await store.next_epoch(snap.task_id)
+    epoch = await reads.next_epoch(snap.task_id)
     segments = [list(segment) for segment in snap.history_segments]
     segments[-1][1] = snap.history_len
     snap.history_segments = [*segments, [epoch, -1]]
     return epoch
 
 
-def _amend(runner: Runner, payload: dict[str, Any]) -> None:
+def _amend(task: RunningTask, payload: dict[str, Any]) -> None:
     """Add a person's message to the dialog and merge their patch into the current frame."""
     if payload.get("message"):
-        runner.append_history({"role": "user", "type": "resume", "content": payload["message"]})
+        task.append_history({"role": "user", "type": "resume", "content": payload["message"]})
     if payload.get("frame_patch"):
-        runner.snap.frame.scratch.update(payload["frame_patch"])
+        task.snap.frame.scratch.update(payload["frame_patch"])
 
 
-def _settle_call_for_resume(runner: Runner, amended: bool) -> None:
+def _settle_call_for_resume(task: RunningTask, amended: bool) -> None:
     """Decide what a person's resume means for the call that stopped the task.
 
     An amended resume (message or frame patch) drops a failed call so the agent
@@ -481,19 +455,19 @@ def _settle_call_for_resume(runner: Runner, amended: bool) -> None:
     planned. A call whose outcome is unknown runs again only because a person
     said so, and that is logged.
     """
-    snap = runner.snap
+    snap = task.snap
     call = snap.call
     if call is None:
         agenda = snap.frame.agenda
-        if amended and agenda and agenda[0]["kind"] == "tool_call":
+        if amended and agenda and agenda[0].kind == "tool_call":
             agenda.pop(0)
         return
-    if call.status == "started":
-        tool = runner.harness.tools.get(call.tool)
+    if call.status == CallStatus.STARTED:
+        tool = task.tools.get(call.tool)
         if tool is not None and (tool.idempotent or tool.reconcile_fn is not None):
             return  # resolved like any call in doubt, after the status is running again
-        call.status = "planned"
-        runner.log_recovery("human_rerun", detail=f"a person resumed; {call.tool} key={call.key}"
+        call.status = CallStatus.PLANNED
+        task.log_recovery(Strategy.HUMAN_RERUN, detail=f"a person resumed; {call.tool} key={call.key}"
                             " runs again on their say-so")
     elif amended:
         snap.frame.agenda.pop(0)
@@ -503,20 +477,20 @@ def _settle_call_for_resume(runner: Runner, amended: bool) -> None:
         call.attempt = 0
 
 
-async def rollback(runner: Runner, event: Event) -> None:
+async def rollback(task: RunningTask, event: Event) -> None:
     """Go back to a kept version; later dialog rows stay stored on their own branch (R14, E4)."""
     assert event.id is not None
-    if runner.snap.status is Status.CANCELLED:
-        runner.log_recovery("rollback_refused", event.id, "the task was cancelled; cancel is final")
+    if task.snap.status is Status.CANCELLED:
+        task.log_recovery(Strategy.ROLLBACK_REFUSED, event.id, "the task was cancelled; cancel is final")
         return
     payload = event.payload if isinstance(event.payload, dict) else {}
     version = payload.get("version")
     version = check_count(version, "the version a rollback names")
-    task_id = runner.snap.task_id
-    data = await _rollback_target(runner, event.id, version)
+    task_id = task.snap.task_id
+    data = await _rollback_target(task, event.id, version)
     old = Snapshot.loads(data, task_id, version)
     failpoint("during_rollback")
-    epoch = await branch_history(runner.store, old)
+    epoch = await branch_history(task.reads, old)
     if payload.get("redo_side_effects"):
         old.key_salt = f"~redo{epoch}"
         _reopen_call(old)
@@ -526,27 +500,25 @@ async def rollback(runner: Runner, event: Event) -> None:
         old.status = Status.RUNNING
     elif old.status is Status.NEEDS_HUMAN or old.status.is_terminal:
         old.status = Status.PAUSED
-    runner.forget_uncommitted()
-    runner.snap = old
-    history = await runner.store.read_history(task_id, old.history_segments)
-    runner.history[:] = history[: old.history_len]
-    runner.log_recovery("rollback", event.id, f"rolled back to version {version} by"
+    history = await task.reads.read_history(task_id, old.history_segments)
+    task.replace_state(old, history[: old.history_len])
+    task.log_recovery(Strategy.ROLLBACK, event.id, f"rolled back to version {version} by"
                         f" {payload.get('by') or 'unknown'}"
                         + (" (side effects will be redone)" if payload.get("redo_side_effects")
                            else ""))
-    if old.call is not None and old.call.status == "started":
-        await resolve_in_doubt(runner)
+    if old.call is not None and old.call.status == CallStatus.STARTED:
+        await resolve_in_doubt(task)
 
 
-async def _rollback_target(runner: Runner, event_id: int, version: int) -> bytes:
+async def _rollback_target(task: RunningTask, event_id: int, version: int) -> bytes:
     """The head to roll back to, always as the store has it (an event never carries state):
     read now, or by this process's lever when it was asked (so pruning cannot race it)."""
-    task_id = runner.snap.task_id
-    captured = runner.harness.captured_head(event_id, version)
+    task_id = task.snap.task_id
+    captured = task.captured_head(event_id, version)
     if captured is not None:
-        return await blobs.resolve(runner.store, captured, task_id, version)
+        return await blobs.resolve(task.reads, captured, task_id, version)
     try:
-        _, data = await blobs.load_head(runner.store, task_id, version)
+        _, data = await blobs.load_head(task.reads, task_id, version)
     except VersionNotFound:
         raise VersionNotFound(f"task {task_id}: version {version} is no longer kept (pruned"
                               " before the rollback was applied); roll back to a kept version"
@@ -557,17 +529,17 @@ async def _rollback_target(runner: Runner, event_id: int, version: int) -> bytes
 def _reopen_call(snap: Snapshot) -> None:
     """Forget an open call's key so it is derived again with the new salt (a real redo)."""
     if snap.call is not None and snap.stack and snap.frame.agenda:
-        snap.frame.agenda[0].pop("open_call", None)
+        snap.frame.agenda[0].open_call = None
     snap.call = None
 
 
-def retry_now(runner: Runner, event: Event) -> None:
+def retry_now(task: RunningTask, event: Event) -> None:
     """A P2 signal (retry, degrade...) brings a pending retry forward."""
-    snap = runner.snap
+    snap = task.snap
     if snap.call is not None and snap.call.retry_at:
         snap.call.retry_at = time.time()
     elif snap.recovery.retry_at:
         snap.recovery.retry_at = time.time()
     else:
         return
-    runner.log_recovery("retry_now", event.id, f"{event.type}: retrying now")
+    task.log_recovery(Strategy.RETRY_NOW, event.id, f"{event.type}: retrying now")

@@ -12,31 +12,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import dataclasses
 import time
-from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections import Counter
+from collections.abc import Awaitable, Mapping
+from typing import Any, TypeVar
 
 from tether import blobs
 from tether.agent import Agent, CutOff, TaskView
 from tether.engine import degrade, recovery, timers
 from tether.engine.events import apply_event
-from tether.errors import (
-    CorruptSnapshot,
-    InvalidInput,
-    LeaseLost,
-    OutcomeUnknown,
-    ToolTimeout,
-    UnknownAgent,
-)
+from tether.engine.host import RunnerHost
+from tether.engine.loading import newest_readable
+from tether.engine.task import clean_up_resources, hand_to_person
+from tether.errors import InvalidInput, LeaseLost, OutcomeUnknown, ToolTimeout, UnknownAgent
 from tether.failpoints import failpoint
 from tether.model import (
     Action,
+    AgendaEntry,
     CallState,
+    CallStatus,
+    Event,
+    EventStatus,
     Fail,
     Finish,
     Frame,
     IdempotencyRecord,
+    OutcomeStatus,
     Replan,
     Reply,
     Snapshot,
@@ -44,16 +45,16 @@ from tether.model import (
     Status,
     ToolCall,
     Wait,
-    action_from_dict,
     action_to_dict,
     check_transition,
     to_plain,
 )
-from tether.store import Checkpoint, Claim, HistoryRow, Store, StoredEvent
+from tether.protocol import CONTROL_EVENTS
+from tether.resources import ResourceKinds
+from tether.settings import Settings
+from tether.store import Checkpoint, Claim, HistoryRow, StoredEvent
+from tether.strategies import Strategy
 from tether.tools import Tool, ToolContext, args_hash, idempotency_key
-
-if TYPE_CHECKING:
-    from tether.harness import Harness
 
 T = TypeVar("T")
 
@@ -62,44 +63,24 @@ class Preempted(Exception):
     """Internal: a P0 event cancelled the plan or interruptible tool in flight."""
 
 
-async def _complete_history(store: Store, snap: Snapshot, version: int) -> list[dict[str, Any]]:
-    """The head's dialog, or CorruptSnapshot if rows it counts on are missing from the store."""
-    history = (await store.read_history(snap.task_id, snap.history_segments))[: snap.history_len]
-    if len(history) < snap.history_len:
-        raise CorruptSnapshot(f"task {snap.task_id} version {version}: dialog rows are missing"
-                              f" (the head counts {snap.history_len}, the store has {len(history)})")
-    return history
-
-
-async def newest_readable(store: Store, task_id: str, with_history: bool = False
-                          ) -> tuple[int, Snapshot, list[str], list[dict[str, Any]]]:
-    """The newest version that reads back whole, why each newer one did not, and (with
-    *with_history*) its dialog; a version whose dialog rows are missing is unreadable too."""
-    version, data = await store.load_head(task_id)
-    skipped: list[str] = []
-    while True:
-        try:
-            snap = Snapshot.loads(await blobs.resolve(store, data, task_id, version), task_id,
-                                  version)
-            history = await _complete_history(store, snap, version) if with_history else []
-            return version, snap, skipped, history
-        except CorruptSnapshot as exc:
-            skipped.append(str(exc))
-            older = [v for v, _, _ in await store.list_versions(task_id) if v < version]
-            if not older:
-                raise CorruptSnapshot(f"task {task_id}: no readable snapshot is kept"
-                                      f" ({'; '.join(skipped)})") from exc
-            version, data = await store.load_head(task_id, older[-1])
-
-
 class Runner:
-    """Runs one claimed task until it parks, finishes or loses its lease."""
+    """Runs one claimed task until it parks, finishes or loses its lease.
 
-    def __init__(self, harness: Harness, claim: Claim, snap: Snapshot, version: int,
+    It is the :class:`~tether.engine.task.RunningTask` the engine's helpers work on, and the
+    only place that commits: after the restart, after each event applied and after each
+    step, whenever something asked for it (:meth:`request_commit`), and at the resume point
+    before each tool call.
+    """
+
+    def __init__(self, host: RunnerHost, claim: Claim, snap: Snapshot, version: int,
                  history: list[dict[str, Any]]) -> None:
-        self.harness = harness
-        self.store = harness.store
-        self.settings = harness.settings
+        self.host = host
+        self.store = host.store
+        self.reads = self.store
+        self.settings: Settings = host.settings
+        self.tools: Mapping[str, Tool] = host.tools
+        self.resource_kinds: ResourceKinds = host.resource_kinds
+        self.counters: Counter[str] = host.counters
         self.claim = claim
         self.snap = snap
         self.version = version
@@ -118,21 +99,26 @@ class Runner:
         self._unsaved_steps = 0
         self._committed = False
         self._progress = False
+        self._commit_asked = False
 
     # ------------------------------------------------------------------ loading
 
     @classmethod
-    async def load(cls, harness: Harness, claim: Claim) -> Runner:
+    async def load(cls, host: RunnerHost, claim: Claim) -> Runner:
         """Load the newest readable snapshot, falling back past corrupt versions."""
-        store = harness.store
+        store = host.store
         version, snap, skipped, history = await newest_readable(store, claim.task_id,
                                                                 with_history=True)
         if skipped:
             await recovery.branch_history(store, snap)
-        runner = cls(harness, claim, snap, version, history)
+        runner = cls(host, claim, snap, version, history)
         for reason in skipped:
-            runner.log_recovery("fallback_version", detail=reason)
+            runner.log_recovery(Strategy.FALLBACK_VERSION, detail=reason)
         return runner
+
+    @property
+    def worker_degraded(self) -> dict[str, Any] | None:
+        return self.host.degraded
 
     def view(self, scratch: dict[str, Any] | None = None, frame: Frame | None = None) -> TaskView:
         frame = frame or self.snap.frame
@@ -141,7 +127,7 @@ class Runner:
 
     def agent_for(self, frame: Frame) -> Agent:
         try:
-            return self.harness.agents[frame.agent]
+            return self.host.agents[frame.agent]
         except KeyError:
             raise UnknownAgent(
                 f"agent {frame.agent!r} named by task {self.snap.task_id} is not registered"
@@ -151,8 +137,8 @@ class Runner:
 
     async def run(self) -> Status:
         """Tick until the task parks (waiting, paused, needs_human) or ends."""
-        await recovery.restore(self)
-        with timers.deadline_alarm(self):
+        await self.restore()
+        with timers.deadline_alarm(self.snap.deadline_at, self.notify):
             while not self._stopping:
                 await timers.fire_due(self)
                 await self.tick()
@@ -166,10 +152,31 @@ class Runner:
                     continue
                 await self.step()
         if self._stopping and self.snap.status is Status.RUNNING:
-            self.log_recovery("released", detail="the worker is shutting down; the task was"
+            self.log_recovery(Strategy.RELEASED, detail="the worker is shutting down; the task was"
                               " released cleanly at a step boundary (no recovery counted)")
         await self.flush()
         return self.snap.status
+
+    async def restore(self) -> None:
+        """Start a pending task (visible as running at once, R2) or recover a crashed one."""
+        if self.snap.status is Status.PENDING:
+            self.set_status(Status.RUNNING)
+            await self.store.set_status(self.claim, Status.RUNNING, None)
+        await recovery.restore(self)
+        await self._commit_if_asked()
+
+    async def apply_levers(self) -> Status:
+        """Apply what is in the inbox without running a step (a lever on a task no worker
+        holds is applied at once by whoever pulled it)."""
+        await self.restore()
+        await self.tick()
+        await self.flush()
+        return self.snap.status
+
+    async def hand_over(self, reason: str) -> None:
+        """Park the task for a person right away (it failed in a way no recovery covers)."""
+        hand_to_person(self, reason)
+        await self._commit_if_asked()
 
     async def park(self, due: float) -> Status:
         """A long back-off: commit, and leave the due time to whichever worker is alive then
@@ -190,57 +197,69 @@ class Runner:
         degrade.follow_worker(self)
         for stored in await self.store.pending_events(self.snap.task_id):
             if stored.event.id not in self.applied:
-                with self.harness.telemetry.span("tether.event", **{
+                with self.host.telemetry.span("tether.event", **{
                         "tether.event_id": stored.event.id, "tether.event_type": stored.event.type,
                         "tether.priority": stored.priority}):
-                    await apply_event(self, stored)
+                    await self._apply(stored)
+                await self._commit_if_asked()
+
+    async def _apply(self, stored: StoredEvent) -> None:
+        event_id = stored.event.id
+        assert event_id is not None
+        disposition = await apply_event(self, stored)
+        if disposition is None:  # it stays pending, for a later tick
+            return
+        if stored.event.type in CONTROL_EVENTS:
+            self.applied_levers.add(event_id)  # a later rollback in this tick keeps it applied
+        self.done_event(event_id, disposition)
 
     async def step(self) -> None:
         """Carry out the frame's next recorded action, planning one first if there is none."""
-        with self.harness.telemetry.span("tether.step", **{"tether.step": self.snap.step}):
+        with self.host.telemetry.span("tether.step", **{"tether.step": self.snap.step}):
             await self._step()
+        await self._commit_if_asked()
 
     async def _step(self) -> None:
         frame = self.snap.frame
-        if self.snap.call is None and frame.agenda and "open_call" in frame.agenda[0]:
-            self.snap.call = CallState(**frame.agenda[0].pop("open_call"))
+        if self.snap.call is None and frame.agenda and frame.agenda[0].open_call is not None:
+            self.snap.call, frame.agenda[0].open_call = frame.agenda[0].open_call, None
         if self.snap.call is not None:
-            pending = action_from_dict(frame.agenda[0])
+            pending = frame.agenda[0].to_action()
             assert isinstance(pending, ToolCall), "an open call must head its frame's agenda"
             await self.call_tool(pending)
             return
         if not frame.agenda and frame.wait:
             self.set_status(Status.WAITING)  # an interjection ran; the armed wait resumes
-            await self.commit()
+            self.request_commit()
             return
         if not frame.agenda:
-            if await recovery.over_step_limit(self):
+            if recovery.over_step_limit(self):
                 return
             try:
                 planned, scratch = await self.plan()
             except Preempted:
                 return
             except Exception as error:  # a model call may fail in any way: bounded recovery
-                await recovery.plan_failed(self, error)
+                recovery.plan_failed(self, error)
                 return
             self.snap.recovery.retry_at = None
             frame.scratch = scratch
             frame.agenda.append(planned)
             if self.agent_for(frame).commit_plans:
-                await self.commit()  # the plan was paid for: never ask for it again
+                self.request_commit()  # the plan was paid for: never ask for it again
             return  # the loop drains the inbox before acting: what arrived meanwhile goes first
-        action = action_from_dict(frame.agenda[0])
+        action = frame.agenda[0].to_action()
         failpoint("before_plan_recorded")
         if isinstance(action, ToolCall):
             await self.call_tool(action)
         else:
             await self.carry_out(action)
 
-    async def plan(self) -> tuple[dict[str, Any], dict[str, Any]]:
+    async def plan(self) -> tuple[AgendaEntry, dict[str, Any]]:
         """The agent's next action, as the agenda records it, and the agent's new scratch."""
         scratch = copy.deepcopy(self.snap.frame.scratch)
         agent = self.agent_for(self.snap.frame)
-        with self.harness.telemetry.span("tether.plan", **{"tether.agent": agent.name}):
+        with self.host.telemetry.span("tether.plan", **{"tether.agent": agent.name}):
             action = await self.cancellable(agent.plan(self.view(scratch)))
         if isinstance(action, Replan):
             raise InvalidInput(f"agent {agent.name!r}: plan() returned Replan, which only"
@@ -248,14 +267,15 @@ class Runner:
         return self.recorded(action, agent), scratch
 
     @staticmethod
-    def recorded(action: Action, agent: Agent) -> dict[str, Any]:
+    def recorded(action: Action, agent: Agent | None = None) -> AgendaEntry:
         """The action as the agenda keeps it, with the code that planned it (E8)."""
-        return {**action_to_dict(action), "planned_by": f"{agent.name}@{agent.version}"}
+        return AgendaEntry(action_to_dict(action),
+                           f"{agent.name}@{agent.version}" if agent is not None else None)
 
     def planned_by(self) -> dict[str, Any]:
         """Which code planned the action at the head of the agenda, for its dialog row."""
         agenda = self.snap.frame.agenda
-        by = agenda[0].get("planned_by") if agenda else None
+        by = agenda[0].planned_by if agenda else None
         return {"planned_by": by} if by else {}
 
     async def sleep_until(self, due: float) -> None:
@@ -301,9 +321,9 @@ class Runner:
         unless a side-effecting call may be in flight (that one is left to crash recovery,
         which asks its reconcile hook)."""
         call = self.snap.call
-        if call is None or call.status != "started":
+        if call is None or call.status != CallStatus.STARTED:
             return True
-        tool = self.harness.tools.get(call.tool)
+        tool = self.tools.get(call.tool)
         return tool is not None and not tool.side_effect
 
     def unseen(self, pending: list[StoredEvent]) -> list[StoredEvent]:
@@ -352,7 +372,7 @@ class Runner:
         self._unsaved_steps += 1
         if self._unsaved_steps >= self.settings.checkpoint_every_steps or \
                 self.snap.status is not Status.RUNNING:
-            await self.commit()
+            self.request_commit()
 
     def pop_frame(self, action: Finish | Fail, by: dict[str, Any]) -> None:
         done = self.snap.stack.pop()
@@ -372,43 +392,42 @@ class Runner:
         else:
             self.snap.result = outcome
             self.set_status(Status.COMPLETED)
-        recovery.clean_up_resources(self)
+        clean_up_resources(self)
 
     # ------------------------------------------------------------------ tool calls
 
     async def call_tool(self, action: ToolCall) -> None:
         """One attempt of a tool call, behind a resume point (R10)."""
-        tool = self.harness.tools.get(action.name)
+        tool = self.tools.get(action.name)
         if tool is None:
-            await recovery.hand_to_person(
-                self, f"tool {action.name!r} is no longer registered (code changed since the"
-                " step was planned, E8)", strategy="needs_human")
+            hand_to_person(self, f"tool {action.name!r} is no longer registered (code changed"
+                           " since the step was planned, E8)")
             return
         call = self.snap.call
         if call is None and not degrade.allows(self, action.name):
-            await self.commit()
+            self.request_commit()
             return
         if call is None:
             call = await self.open_call(action)
             if call is None:
                 return
         call.attempt += 1
-        call.status = "started"
+        call.status = CallStatus.STARTED
         call.retry_at = None
-        self.record_idempotency(call, "started")
+        self.record_idempotency(call, OutcomeStatus.STARTED)
         if call.attempt == 1:
             self.append_history({"role": "assistant", "tool_call": {
                 "name": call.tool, "args": call.args, "key": call.key},
                 "tool_version": tool.version, **self.planned_by()})
-        await self.commit()
+        await self.commit()  # the resume point: a crash from here on leaves the call in doubt
         failpoint("after_resume_point")
         started = time.monotonic()
         try:
             raw = await self.invoke(tool, call)
         except Preempted:
-            call.status = "planned"
+            call.status = CallStatus.PLANNED
             call.attempt -= 1
-            self.record_idempotency(call, "failed", error="interrupted by a P0 event")
+            self.record_idempotency(call, OutcomeStatus.FAILED, error="interrupted by a P0 event")
             return
         except (ToolTimeout, OutcomeUnknown) as error:
             if tool.side_effect:
@@ -426,7 +445,7 @@ class Runner:
             await recovery.unusable_result(self, tool, call, raw, error)
             return
         quick = time.monotonic() - started < self.settings.defer_results_under
-        await self.finish_call(call, result, defer=tool.idempotent and quick)
+        self.finish_call(call, result, defer=tool.idempotent and quick)
 
     async def open_call(self, action: ToolCall) -> CallState | None:
         """Create the call's state, answering from the idempotency table when it already ran."""
@@ -436,21 +455,22 @@ class Runner:
         key = idempotency_key(self.snap.task_id, frame.frame_id, frame.steps, self.snap.key_salt)
         record = await self.store.get_idempotency(key)
         if record and (record.tool, record.args_hash) != (action.name, digest):
-            self.log_recovery("idempotency_mismatch", detail=(
+            self.log_recovery(Strategy.IDEMPOTENCY_MISMATCH, detail=(
                 f"key {key} was used by {record.tool} with other arguments; this is a different"
                 " call, so it gets its own key and is not answered from the record (E3)"))
             key = f"{key}:{digest[:12]}"
             record = await self.store.get_idempotency(key)
         call = CallState(key=key, tool=action.name, args=args, args_hash=digest)
         self.snap.call = call
-        if record and record.status == "succeeded":
-            self.log_recovery("reuse_result", detail=f"{action.name} already succeeded under {key}")
+        if record and record.status == OutcomeStatus.SUCCEEDED:
+            self.log_recovery(Strategy.REUSE_RESULT,
+                              detail=f"{action.name} already succeeded under {key}")
             self.append_history({"role": "assistant", "tool_call": {
                 "name": call.tool, "args": call.args, "key": call.key}})
-            await self.finish_call(call, record.result, from_record=True)
+            self.finish_call(call, record.result, from_record=True)
             return None
-        if record and record.status == "started":
-            call.status = "started"
+        if record and record.status == OutcomeStatus.STARTED:
+            call.status = CallStatus.STARTED
             call.attempt = record.attempts
             await recovery.resolve_in_doubt(self)
             return None
@@ -460,7 +480,7 @@ class Runner:
         ctx = ToolContext(self.snap.task_id, tool.name, call.key, call.attempt, self.claim.fence)
         work = self._with_timeout(tool, ctx, call.args)
         try:
-            with self.harness.telemetry.span("tether.tool", **{
+            with self.host.telemetry.span("tether.tool", **{
                     "tether.tool": tool.name, "tether.key": call.key, "tether.attempt": call.attempt}):
                 return await (self.cancellable(work) if tool.interruptible else work)
         finally:
@@ -476,8 +496,8 @@ class Runner:
         except TimeoutError:
             raise ToolTimeout(f"tool {tool.name} timed out after {tool.timeout}s") from None
 
-    async def finish_call(self, call: CallState, result: Any, from_record: bool = False,
-                          defer: bool = False) -> None:
+    def finish_call(self, call: CallState, result: Any, from_record: bool = False,
+                    defer: bool = False) -> None:
         """Record a call's result and move on; with *defer*, ride along with the next commit.
 
         Deferring is only offered for a quick idempotent call: if the process
@@ -486,7 +506,7 @@ class Runner:
         """
         frame = self.snap.frame
         if not from_record:
-            self.record_idempotency(call, "succeeded", result=result)
+            self.record_idempotency(call, OutcomeStatus.SUCCEEDED, result=result)
         self.append_history({"role": "tool", "name": call.tool, "key": call.key,
                              "content": result})
         frame.last_tool_result = result
@@ -497,9 +517,9 @@ class Runner:
         self.snap.call = None
         recovery.progress_made(self)
         if not defer:
-            await self.commit()
+            self.request_commit()
 
-    def record_idempotency(self, call: CallState, status: str, result: Any = None,
+    def record_idempotency(self, call: CallState, status: OutcomeStatus, result: Any = None,
                            error: str | None = None) -> None:
         self._idempotency.append(IdempotencyRecord(
             call.key, self.snap.task_id, call.tool, call.args_hash, status, result, error,
@@ -522,9 +542,9 @@ class Runner:
         frame = frame or self.snap.frame
         call = self.snap.call
         if call is not None and frame is self.snap.frame and frame.agenda:
-            frame.agenda[0]["open_call"] = dataclasses.asdict(call)
+            frame.agenda[0].open_call = call
             self.snap.call = None
-        frame.agenda.insert(0, self.recorded(action, agent) if agent else action_to_dict(action))
+        frame.agenda.insert(0, self.recorded(action, agent))
 
     def set_status(self, status: Status) -> None:
         check_transition(self.snap.task_id, self.snap.status, status)
@@ -537,11 +557,12 @@ class Runner:
         self._rows.append(HistoryRow(epoch, self.snap.history_len, to_plain(entry)))
         self.history.append(entry)
 
-    def log_recovery(self, strategy: str, event_id: int | None = None, detail: str = "") -> None:
+    def log_recovery(self, strategy: Strategy, event_id: int | None = None,
+                     detail: str = "") -> None:
         record = recovery.log_record(self, strategy, event_id, detail)
         self._log.append(record)
-        self.harness.counters[f"recovery:{strategy}"] += 1
-        self.harness.telemetry.recovery(record)
+        self.counters[f"recovery:{strategy}"] += 1
+        self.host.telemetry.recovery(record)
 
     def forget_uncommitted(self) -> None:
         """A rollback replaced the state: events applied since the last commit go back to the
@@ -552,7 +573,34 @@ class Runner:
         self._events_done = [(e, d) for e, d in self._events_done if e not in requeue]
         self._rows = []
 
-    def done_event(self, event_id: int, disposition: str) -> None:
+    def replace_state(self, snap: Snapshot, history: list[dict[str, Any]]) -> None:
+        self.forget_uncommitted()
+        self.snap = snap
+        self.history[:] = history
+
+    def captured_head(self, event_id: int, version: int) -> bytes | None:
+        return self.host.captured_head(event_id, version)
+
+    async def fire(self, event: Event) -> None:
+        """Store a timer's event once per run (its ``source_event_id`` dedups across runs)."""
+        assert event.source_event_id is not None
+        if event.source_event_id in self.fired:
+            return
+        receipt, _ = await self.host.inbox.emit(event)
+        self.fired.add(event.source_event_id)
+        if receipt.outcome == "duplicate":
+            self.host.log.info("task %s: %s had already fired (event %d)", event.task_id,
+                               event.source_event_id, receipt.event_id)
+
+    def request_commit(self) -> None:
+        self._commit_asked = True
+
+    async def _commit_if_asked(self) -> None:
+        """The one place a commit asked for by a step, an event or a restart is made."""
+        if self._commit_asked:
+            await self.commit()
+
+    def done_event(self, event_id: int, disposition: EventStatus) -> None:
         self.applied.add(event_id)
         self._events_done.append((event_id, disposition))
 
@@ -586,13 +634,14 @@ class Runner:
                 self.claim, checkpoint, self.settings.keep_versions,
                 time.time() + self.settings.lease_seconds)
         except LeaseLost:
-            self.harness.log.warning("task %s: lease lost, stopping", snap.task_id)
+            self.host.log.warning("task %s: lease lost, stopping", snap.task_id)
             raise
         failpoint("after_checkpoint")
         self._rows, self._events_done, self._idempotency, self._log = [], [], [], []
         self._unsaved_steps = 0
         self._committed = True
         self._progress = False
+        self._commit_asked = False
         recovery.emit_log_records(checkpoint.recovery_log, self.version)
 
     def _wake_at(self) -> float | None:

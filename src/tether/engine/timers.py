@@ -15,18 +15,17 @@ from the store: each timer fires exactly once.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
+from tether.engine.task import RunningTask, clean_up_resources, end_wait
 from tether.errors import InvalidInput
-from tether.model import Event, Frame, Snapshot, Status
-
-if TYPE_CHECKING:
-    from tether.engine.runner import Runner
+from tether.model import CallStatus, Event, EventStatus, Frame, Snapshot, Status
+from tether.strategies import Strategy
 
 Moment = float | int | timedelta | datetime
 """Seconds from now, a timedelta from now, or a timezone-aware datetime."""
@@ -107,29 +106,26 @@ def wake_time(snap: Snapshot) -> float | None:
 
 
 @contextlib.contextmanager
-def deadline_alarm(runner: Runner) -> Iterator[None]:
-    """Preempt the model call or interruptible tool in flight when the deadline falls due."""
-    import asyncio
-
-    deadline = runner.snap.deadline_at
+def deadline_alarm(deadline: float | None, preempt: Callable[[int], None]) -> Iterator[None]:
+    """Preempt the model call or interruptible tool in flight when the deadline falls due
+    (*preempt* is called with priority 0, as a P0 event would)."""
     if deadline is None:
         yield
         return
-    handle = asyncio.get_running_loop().call_later(max(0.0, deadline - time.time()),
-                                                   runner.notify, 0)
+    handle = asyncio.get_running_loop().call_later(max(0.0, deadline - time.time()), preempt, 0)
     try:
         yield
     finally:
         handle.cancel()
 
 
-async def fire_due(runner: Runner) -> None:
+async def fire_due(task: RunningTask) -> None:
     """Store the system events whose time has come (called on every tick; cheap when none)."""
-    snap = runner.snap
+    snap = task.snap
     now = time.time()
     if snap.deadline_at is not None and snap.deadline_at <= now \
             and snap.status in DEADLINE_APPLIES:
-        await _fire(runner, Event("task_timeout", snap.task_id,
+        await task.fire(Event("task_timeout", snap.task_id,
                                   {"deadline_at": snap.deadline_at},
                                   source_event_id=f"deadline:{snap.deadline_at!r}"))
     if snap.status is not Status.WAITING or not snap.frame.wait:
@@ -138,67 +134,52 @@ async def fire_due(runner: Runner) -> None:
     due = wait.get("due_at")
     if due is None or due > now:
         return
-    in_time = [e for e in await runner.store.pending_events(snap.task_id)
+    in_time = [e for e in await task.reads.pending_events(snap.task_id)
                if e.event.type == wait["event_type"] and e.event.created_at <= due]
     if not in_time:  # an event stored before the due time beats the timeout
-        await _fire(runner, Event("timer", snap.task_id,
+        await task.fire(Event("timer", snap.task_id,
                                   {"for": wait["event_type"], "due_at": due,
                                    "timer": wait_timer_id(snap.frame)},
                                   source_event_id=wait_timer_id(snap.frame)))
-
-
-async def _fire(runner: Runner, event: Event) -> None:
-    assert event.source_event_id is not None
-    if event.source_event_id in runner.fired:
-        return
-    receipt, _ = await runner.harness.inbox.emit(event)
-    runner.fired.add(event.source_event_id)
-    if receipt.outcome == "duplicate":
-        runner.harness.log.info("task %s: %s had already fired (event %d)", event.task_id,
-                                event.source_event_id, receipt.event_id)
 
 
 def is_wait_timer(event: Event) -> bool:
     return event.type == "timer" and isinstance(event.payload, dict) and "timer" in event.payload
 
 
-def time_out_wait(runner: Runner, event: Event) -> str:
+def time_out_wait(task: RunningTask, event: Event) -> EventStatus:
     """A wait's timer: end that wait with a timeout marker, unless it already ended."""
-    from tether.engine.events import end_wait
-
     timer = event.payload["timer"]
-    frame = next((f for f in reversed(runner.snap.stack)
+    frame = next((f for f in reversed(task.snap.stack)
                   if f.wait and wait_timer_id(f) == timer), None)
     if frame is None:
-        return "ignored"  # the awaited event came first; this timer is stale
+        return EventStatus.IGNORED  # the awaited event came first; this timer is stale
     assert frame.wait is not None
     waited_for = frame.wait["event_type"]
-    runner.append_history({"role": "event", "type": "timer", "event_id": event.id,
-                           "content": event.payload})
-    end_wait(runner, {"type": waited_for, "timeout": True, "event_id": event.id}, frame)
-    runner.log_recovery("wait_timeout", event.id, f"no {waited_for} before the deadline")
-    return "applied"
+    task.append_history({"role": "event", "type": "timer", "event_id": event.id,
+                         "content": event.payload})
+    end_wait(task, {"type": waited_for, "timeout": True, "event_id": event.id}, frame)
+    task.log_recovery(Strategy.WAIT_TIMEOUT, event.id, f"no {waited_for} before the deadline")
+    return EventStatus.APPLIED
 
 
-def miss_deadline(runner: Runner, event: Event) -> str | None:
+def miss_deadline(task: RunningTask, event: Event) -> EventStatus | None:
     """The task's deadline passed: stop it as failed. A person may resume it (without one)."""
-    from tether.engine import recovery
-
-    snap = runner.snap
+    snap = task.snap
     if snap.deadline_at is None or snap.status not in DEADLINE_APPLIES:
-        return "ignored"
-    if snap.call is not None and snap.call.status == "started":
+        return EventStatus.IGNORED
+    if snap.call is not None and snap.call.status == CallStatus.STARTED:
         return None  # a call in doubt is settled first; the timeout stays pending till then
     deadline = local_time(snap.deadline_at)
-    runner.append_history({"role": "event", "type": "task_timeout", "event_id": event.id,
-                           "content": event.payload})
+    task.append_history({"role": "event", "type": "task_timeout", "event_id": event.id,
+                         "content": event.payload})
     snap.call = None
     snap.deadline_at = None
     snap.error = f"task deadline {deadline} passed; stopped (resume to carry on without one)"
-    runner.set_status(Status.FAILED)
-    runner.log_recovery("task_timeout", event.id, snap.error)
-    recovery.clean_up_resources(runner)
-    return "applied"
+    task.set_status(Status.FAILED)
+    task.log_recovery(Strategy.TASK_TIMEOUT, event.id, snap.error)
+    clean_up_resources(task)
+    return EventStatus.APPLIED
 
 
 def local_time(at: float) -> str:

@@ -30,9 +30,9 @@ import socket
 import time
 import uuid
 from collections.abc import Coroutine, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from tether.engine.recovery import hand_to_person, restore
+from tether.engine.host import RunnerHost
 from tether.engine.runner import Runner
 from tether.errors import (
     CorruptSnapshot,
@@ -52,8 +52,27 @@ CLAIMS_AT_ONCE = 8
 """Claims a worker makes side by side when it has free slots (the SQLite store looks at
 eight candidates per claim)."""
 
-if TYPE_CHECKING:
-    from tether.harness import Harness
+
+
+class WorkerHost(RunnerHost, Protocol):
+    """What a worker needs from the application around it, beyond what its runners need."""
+
+    @property
+    def worker_id(self) -> str: ...
+
+    @property
+    def runners(self) -> dict[str, Runner]:
+        """The tasks this process is running now, by id (events for them are delivered here)."""
+
+    @property
+    def work_arrived(self) -> asyncio.Event:
+        """Set when this process stores a task or an event, so an idle worker looks at once."""
+
+    async def notify(self, task_id: str) -> None:
+        """Export the task's bundle and tell someone it needs a person (R26)."""
+
+    async def wake_waiting(self) -> int:
+        """Have every waiting task re-checked once (R16)."""
 
 
 def new_worker_id() -> str:
@@ -74,7 +93,7 @@ class Stranded(Exception):
 class Worker:
     """Runs up to ``concurrency`` tasks at once from one store."""
 
-    def __init__(self, harness: Harness, concurrency: int = 4) -> None:
+    def __init__(self, harness: WorkerHost, concurrency: int = 4) -> None:
         if concurrency < 1:
             raise TetherError("concurrency must be at least 1")
         self.harness = harness
@@ -280,7 +299,7 @@ async def _first_of(waits: list[Coroutine[Any, Any, Any]], timeout: float,
         await asyncio.gather(*helpers, return_exceptions=True)
 
 
-async def run_claimed(harness: Harness, claim: Claim, steps: bool = True) -> Status | None:
+async def run_claimed(harness: WorkerHost, claim: Claim, steps: bool = True) -> Status | None:
     """Run (or, with ``steps=False``, only apply the inbox of) one claimed task, then release it.
 
     Returns the status it was left in, or None when the lease was lost or the task could not
@@ -295,7 +314,7 @@ async def run_claimed(harness: Harness, claim: Claim, steps: bool = True) -> Sta
         return None
 
 
-async def _run(harness: Harness, claim: Claim, steps: bool) -> Status | None:
+async def _run(harness: WorkerHost, claim: Claim, steps: bool) -> Status | None:
     """run_claimed, but a task stopped by an unavailable store raises Stranded."""
     try:
         return await _run_task(harness, claim, steps)
@@ -305,7 +324,7 @@ async def _run(harness: Harness, claim: Claim, steps: bool) -> Status | None:
         raise Stranded(error, releasable=True) from error
 
 
-async def _run_task(harness: Harness, claim: Claim, steps: bool) -> Status | None:
+async def _run_task(harness: WorkerHost, claim: Claim, steps: bool) -> Status | None:
     store = harness.store
     try:
         runner = await Runner.load(harness, claim)
@@ -350,13 +369,10 @@ async def _run_task(harness: Harness, claim: Claim, steps: bool) -> Status | Non
 async def _drive(runner: Runner, steps: bool) -> Status:
     if steps:
         return await runner.run()
-    await restore(runner)  # a pending task becomes running; a crashed one is recovered first
-    await runner.tick()
-    await runner.flush()
-    return runner.snap.status
+    return await runner.apply_levers()  # a crashed task is recovered first
 
 
-async def _hand_over(harness: Harness, claim: Claim, status: Status) -> Status:
+async def _hand_over(harness: WorkerHost, claim: Claim, status: Status) -> Status:
     """Tell a person if needed (while still holding the task), then release it cleanly."""
     if status in (Status.NEEDS_HUMAN, Status.FAILED):
         try:
@@ -368,14 +384,14 @@ async def _hand_over(harness: Harness, claim: Claim, status: Status) -> Status:
     return status
 
 
-async def _park_after_error(harness: Harness, claim: Claim, error: Exception) -> Status | None:
+async def _park_after_error(harness: WorkerHost, claim: Claim, error: Exception) -> Status | None:
     """Reload the last committed state (not the half-changed one) and hand it to a person."""
     try:
         runner = await Runner.load(harness, claim)
         if runner.snap.status.is_terminal:
             return runner.snap.status
         reason = f"{type(error).__name__}: {error}"
-        await hand_to_person(runner, f"unexpected error while running: {reason}")
+        await runner.hand_over(f"unexpected error while running: {reason}")
         return Status.NEEDS_HUMAN
     except StoreUnavailable as unavailable:  # parked by the next worker, after its recovery
         raise Stranded(unavailable, releasable=False) from unavailable

@@ -77,7 +77,7 @@ class Target:
 
 def load_harness(app: str, store: str) -> tt.Harness:
     """A fresh harness of *app* on *store*: a factory is called, a Harness gets the store."""
-    from tether.cli.main import load_app
+    from tether.cli.app import load_app
 
     harness = load_app(app, store, store_given=True)
     harness.settings = harness.settings.replace(**FAST)

@@ -1,0 +1,169 @@
+"""The task being run, as the engine's helpers see it: what they read and what they may change.
+
+:mod:`recovery`, :mod:`events`, :mod:`timers` and :mod:`degrade` decide what a crash, an
+event, a due time or a degraded mode means for a task. They work on a
+:class:`RunningTask` (the runner is the one implementation), never on the runner itself:
+they change the snapshot and buffer dialog rows, idempotency records and recovery records
+through it, and ask for a commit with :meth:`RunningTask.request_commit`. Only the runner
+commits, at the end of the step, the event or the restart that asked for it, so a helper
+can be tested with a plain object and no store.
+
+The few state changes several helpers share (a wait ending, a task handed to a person,
+its resources cleaned up) live here, below all of them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, Protocol
+
+from tether.agent import Agent, TaskView
+from tether.errors import TetherError
+from tether.model import (
+    Action,
+    CallState,
+    Event,
+    Frame,
+    IdempotencyRecord,
+    OutcomeStatus,
+    Snapshot,
+    Status,
+)
+from tether.resources import ResourceKinds
+from tether.settings import Settings
+from tether.store.base import Claim, StoredEvent
+from tether.strategies import Strategy
+from tether.tools import Tool
+
+
+class TaskReads(Protocol):
+    """The store reads a helper may make while the task runs (all under the runner's lease)."""
+
+    async def get_idempotency(self, key: str) -> IdempotencyRecord | None: ...
+
+    async def pending_events(self, task_id: str) -> list[StoredEvent]: ...
+
+    async def read_history(self, task_id: str,
+                           segments: Sequence[Sequence[int]]) -> list[dict[str, Any]]: ...
+
+    async def next_epoch(self, task_id: str) -> int: ...
+
+    async def load_head(self, task_id: str, version: int | None = None) -> tuple[int, bytes]: ...
+
+    async def load_blobs(self, digests: Collection[str]) -> dict[str, bytes]: ...
+
+
+class RunningTask(Protocol):
+    """One claimed task in the middle of its run."""
+
+    @property
+    def snap(self) -> Snapshot:
+        """The task's state; helpers change it in place (only while the runner awaits them)."""
+
+    @property
+    def version(self) -> int:
+        """The version the snapshot was loaded from or last committed as."""
+
+    @property
+    def history(self) -> list[dict[str, Any]]: ...
+
+    @property
+    def claim(self) -> Claim: ...
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def tools(self) -> Mapping[str, Tool]: ...
+
+    @property
+    def resource_kinds(self) -> ResourceKinds: ...
+
+    @property
+    def counters(self) -> Counter[str]: ...
+
+    @property
+    def worker_degraded(self) -> dict[str, Any] | None:
+        """The worker-wide degradation the task should follow (R3)."""
+
+    @property
+    def reads(self) -> TaskReads: ...
+
+    def agent_for(self, frame: Frame) -> Agent:
+        """The registered agent of *frame*; UnknownAgent naming the task if it is gone."""
+
+    def view(self, scratch: dict[str, Any] | None = None, frame: Frame | None = None) -> TaskView:
+        """What an agent sees of the task (a copy of *frame*'s scratch unless given)."""
+
+    def set_status(self, status: Status) -> None:
+        """Move the task to *status*; IllegalTransition if the lifecycle does not allow it."""
+
+    def append_history(self, entry: dict[str, Any]) -> None:
+        """Add one dialog row (written with the next commit)."""
+
+    def log_recovery(self, strategy: Strategy, event_id: int | None = None,
+                     detail: str = "") -> None:
+        """Record one recovery action (R23), written with the next commit."""
+
+    def record_idempotency(self, call: CallState, status: OutcomeStatus, result: Any = None,
+                           error: str | None = None) -> None:
+        """Record what is known of a keyed call's outcome, written with the next commit."""
+
+    def put_first(self, action: Action, frame: Frame | None = None,
+                  agent: Agent | None = None) -> None:
+        """Run *action* before the frame's recorded work, keeping that work."""
+
+    def finish_call(self, call: CallState, result: Any, from_record: bool = False,
+                    defer: bool = False) -> None:
+        """Record the open call's result and move past it; a commit is asked for unless
+        *defer* (a quick idempotent call rides along with the next one)."""
+
+    def replace_state(self, snap: Snapshot, history: list[dict[str, Any]]) -> None:
+        """Swap in an older snapshot (a rollback); what was applied since the last commit
+        goes back to the inbox."""
+
+    def captured_head(self, event_id: int, version: int) -> bytes | None:
+        """The head a rollback lever read in this process when it was asked, if still held."""
+
+    async def fire(self, event: Event) -> None:
+        """Store a timer's system event in the inbox, once (E6)."""
+
+    def mark_progress(self) -> None:
+        """The next commit moves the task forward (the store's crash counter starts again)."""
+
+    def request_commit(self) -> None:
+        """What was changed must be durable before the task goes on: the runner commits at
+        the end of the current step, event or restart."""
+
+
+def end_wait(task: RunningTask, outcome: dict[str, Any], frame: Frame | None = None) -> None:
+    """Resolve a frame's wait with the event that ended it (or a timeout marker)."""
+    frame = frame or task.snap.frame
+    frame.wait = None
+    frame.last_event = outcome
+    if frame is task.snap.frame and task.snap.status is Status.WAITING:
+        task.set_status(Status.RUNNING)
+
+
+def hand_to_person(task: RunningTask, reason: str,
+                   strategy: Strategy = Strategy.NEEDS_HUMAN) -> None:
+    """Park the task for a person (R26); the worker exports the bundle and notifies."""
+    task.snap.error = reason
+    task.snap.recovery.reasons.append(reason)
+    task.set_status(Status.NEEDS_HUMAN)
+    task.log_recovery(strategy, detail=reason)
+    task.request_commit()
+
+
+def clean_up_resources(task: RunningTask) -> None:
+    """Apply each resource's cleanup policy when the task ends."""
+    succeeded = task.snap.status is Status.COMPLETED
+    for resource in task.snap.resources:
+        if resource.cleanup == "keep" or (resource.cleanup == "on_success" and not succeeded):
+            continue
+        try:
+            task.resource_kinds.get(resource.kind).cleanup(resource.ref)
+        except (OSError, TetherError) as error:
+            task.log_recovery(Strategy.CLEANUP_FAILED,
+                              detail=f"{resource.kind} {resource.ref}: {error}")

@@ -1,0 +1,73 @@
+"""The names of recovery actions: what the recovery log, the metrics and the CLI call them (R23).
+
+Every record in a task's recovery log names the one action taken, as ``resume_strategy``;
+``/metrics`` counts them per name (``tether_recoveries_total{strategy=...}``), so these
+strings are part of what operators alert on and must never change meaning.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Strategy(enum.StrEnum):
+    """One recovery action, as logged."""
+
+    # A worker died or stopped.
+    RESUME = "resume"
+    """A crashed task was restored from its newest snapshot by another worker."""
+    RELEASED = "released"
+    """A stopping worker handed the task over cleanly at a step boundary."""
+    FALLBACK_VERSION = "fallback_version"
+    """The newest snapshot was unreadable; an older one was loaded instead."""
+    RESOURCE_MISSING = "resource_missing"
+    CLEANUP_FAILED = "cleanup_failed"
+    # A call whose outcome a crash left unknown (R10).
+    REUSE_RESULT = "reuse_result"
+    RERUN_FAILED = "rerun_failed"
+    RERUN_IDEMPOTENT = "rerun_idempotent"
+    RECONCILE = "reconcile"
+    RECONCILE_NOT_DONE = "reconcile_not_done"
+    OUTCOME_UNKNOWN = "outcome_unknown"
+    IDEMPOTENCY_MISMATCH = "idempotency_mismatch"
+    # Failures and their bounded retries (R12, R22).
+    RETRY_BACKOFF = "retry_backoff"
+    RETRY_PLAN = "retry_plan"
+    RETRY_NOW = "retry_now"
+    SKIP = "skip"
+    FAIL_TIMEOUT = "fail_timeout"
+    NEEDS_HUMAN = "needs_human"
+    STEP_LIMIT = "step_limit"
+    # Events and time (R3, R5, E6).
+    PAUSE = "pause"
+    REPLAN = "replan"
+    REPLAN_REFUSED = "replan_refused"
+    WAIT_VALIDATED = "wait_validated"
+    WAIT_TIMEOUT = "wait_timeout"
+    TASK_TIMEOUT = "task_timeout"
+    DEGRADE = "degrade"
+    RECOVER = "recover"
+    DEGRADE_PAUSE = "degrade_pause"
+    RECOVER_RESUME = "recover_resume"
+    # A person's levers (R14, R26).
+    HUMAN_RESUME = "human_resume"
+    HUMAN_RERUN = "human_rerun"
+    HUMAN_DECISION = "human_decision"
+    AMEND = "amend"
+    RESUME_IGNORED = "resume_ignored"
+    ROLLBACK = "rollback"
+    ROLLBACK_REFUSED = "rollback_refused"
+    CANCEL_FAILED = "cancel_failed"
+    RESUME_FAILED = "resume_failed"
+    ROLLBACK_FAILED = "rollback_failed"
+    DECIDE_FAILED = "decide_failed"
+
+    @classmethod
+    def lever_failed(cls, lever: str) -> Strategy:
+        """The record of a lever (cancel, resume, rollback, decide) that could not be applied."""
+        return cls(f"{lever}_failed")
+
+    @property
+    def is_refusal(self) -> bool:
+        """Whether the record says a lever was refused or failed (the CLI reports it so)."""
+        return self.endswith(("_failed", "_refused", "_ignored"))
