@@ -28,7 +28,6 @@ from tether.errors import (
     ToolTimeout,
     UnknownAgent,
     UnknownEventType,
-    UnknownTool,
     VersionNotFound,
 )
 from tether.harness import Harness, TaskInfo
@@ -99,7 +98,6 @@ __all__ = [
     "ToolTimeout",
     "UnknownAgent",
     "UnknownEventType",
-    "UnknownTool",
     "VersionNotFound",
     "Wait",
     "__version__",

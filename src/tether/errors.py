@@ -27,10 +27,6 @@ class UnknownAgent(ConfigurationError):
     """No agent is registered under that name."""
 
 
-class UnknownTool(ConfigurationError):
-    """No tool is registered under that name."""
-
-
 class UnknownEventType(ConfigurationError):
     """The event type is not in the interruption protocol; pass priority= or add it."""
 

@@ -360,13 +360,21 @@ class Frame:
     wait: dict[str, Any] | None = None
 
 
+class Cleanup(enum.StrEnum):
+    """When a task's resource is cleaned up."""
+
+    ON_FINISH = "on_finish"
+    ON_SUCCESS = "on_success"
+    KEEP = "keep"
+
+
 @dataclass
 class Resource:
     """Something outside the snapshot the task depends on, with its cleanup policy (R8)."""
 
     kind: str
     ref: str
-    cleanup: str = "on_finish"  # on_finish | on_success | keep
+    cleanup: Cleanup = Cleanup.ON_FINISH
     missing: bool = False
 
 
@@ -522,7 +530,8 @@ def _snapshot_from_dict(raw: dict[str, Any]) -> Snapshot:
     raw["status"] = Status(raw["status"])
     raw["stack"] = [_frame_from_dict(frame) for frame in raw["stack"]]
     raw["call"] = _call_from_dict(raw["call"])
-    raw["resources"] = [Resource(**res) for res in raw["resources"]]
+    raw["resources"] = [Resource(**{**res, "cleanup": Cleanup(res["cleanup"])})
+                        for res in raw["resources"]]
     raw["recovery"] = RecoveryState(**raw["recovery"])
     return Snapshot(**raw)
 

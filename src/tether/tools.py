@@ -9,6 +9,7 @@ tools without side effects) says running it again with the same key is safe.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import inspect
 import random
@@ -19,8 +20,8 @@ from typing import Any
 
 import orjson
 
-from tether.errors import ConfigurationError, NotRetryable
-from tether.model import Resource
+from tether.errors import ConfigurationError, NotRetryable, ToolTimeout
+from tether.model import Cleanup, Resource
 
 ToolFn = Callable[..., Awaitable[Any]]
 ReconcileFn = Callable[..., Awaitable[Any]]
@@ -75,11 +76,11 @@ class ToolContext:
 
     def add_resource(self, kind: str, ref: str, cleanup: str = "on_finish") -> None:
         """Register something outside the snapshot (a temp file, a handle) to check and clean up."""
-        if cleanup not in ("on_finish", "on_success", "keep"):
+        if cleanup not in tuple(Cleanup):
             raise ConfigurationError(
                 f"cleanup must be on_finish, on_success or keep, got {cleanup!r}"
             )
-        self.resources.append(Resource(kind=kind, ref=ref, cleanup=cleanup))
+        self.resources.append(Resource(kind=kind, ref=ref, cleanup=Cleanup(cleanup)))
 
 
 class Tool:
@@ -137,6 +138,16 @@ class Tool:
 
     async def __call__(self, ctx: ToolContext, **kwargs: Any) -> Any:
         return await self.fn(ctx, **kwargs)
+
+    async def run(self, ctx: ToolContext, args: dict[str, Any]) -> Any:
+        """One attempt, within the tool's timeout (ToolTimeout when it runs out)."""
+        try:
+            if self.timeout is None:  # most tools: no timer to arm on every call
+                return await self.fn(ctx, **args)
+            async with asyncio.timeout(self.timeout):
+                return await self.fn(ctx, **args)
+        except TimeoutError:
+            raise ToolTimeout(f"tool {self.name} timed out after {self.timeout}s") from None
 
     def __repr__(self) -> str:
         kind = "side_effect" if self.side_effect else "idempotent"

@@ -9,13 +9,26 @@ it. This module says when that decision is needed and what the refusal tells the
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 
 from tether.model import CallState, CallStatus, Snapshot
 from tether.tools import Tool
 
-DECISIONS = ("happened", "not_happened", "skip")
-"""What a person may say about a call whose outcome is unknown."""
+
+class Decision(enum.StrEnum):
+    """What a person may say about a call whose outcome is unknown."""
+
+    HAPPENED = "happened"
+    """Its result is recorded as the call's; it is not run again."""
+    NOT_HAPPENED = "not_happened"
+    """It runs now, with the same idempotency key."""
+    SKIP = "skip"
+    """It is dropped; the agent sees it was skipped."""
+
+
+DECISIONS = tuple(Decision)
+"""The decisions, in the order they are offered (checks by value: ``"skip" in DECISIONS``)."""
 
 
 def call_awaiting_decision(snap: Snapshot, tools: Mapping[str, Tool]) -> CallState | None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from tether import blobs
 from tether.engine import timers
-from tether.engine.decisions import DECISIONS, args_text, call_awaiting_decision, in_doubt_message
+from tether.engine.decisions import DECISIONS, Decision, args_text, call_awaiting_decision, in_doubt_message
 from tether.engine.task import RunningTask, TaskReads, end_wait, hand_to_person
 from tether.errors import IllegalTransition, InDoubtCall, InvalidInput, TetherError, VersionNotFound
 from tether.failpoints import failpoint
@@ -29,11 +29,19 @@ from tether.model import (
     Replan,
     Snapshot,
     Status,
+    ToolCall,
     check_count,
     to_plain,
 )
 from tether.strategies import Strategy
-from tether.tools import Tool, ToolContext, describe_error, failure_fingerprint
+from tether.tools import (
+    Tool,
+    ToolContext,
+    args_hash,
+    describe_error,
+    failure_fingerprint,
+    idempotency_key,
+)
 
 log = logging.getLogger("tether.recovery")
 
@@ -108,6 +116,37 @@ def _count_attempt(task: RunningTask, why: str) -> bool:
         task.log_recovery(Strategy.FAIL_TIMEOUT, detail=task.snap.error)
         return False
     return True
+
+
+async def open_call(task: RunningTask, action: ToolCall) -> CallState | None:
+    """Create the call's state at its resume point, answering from the idempotency table
+    when it already ran (R10) and giving a different call under a used key its own (E3)."""
+    frame = task.snap.frame
+    args = to_plain(dict(action.args))
+    digest = args_hash(action.name, args)
+    key = idempotency_key(task.snap.task_id, frame.frame_id, frame.steps, task.snap.key_salt)
+    record = await task.reads.get_idempotency(key)
+    if record and (record.tool, record.args_hash) != (action.name, digest):
+        task.log_recovery(Strategy.IDEMPOTENCY_MISMATCH, detail=(
+            f"key {key} was used by {record.tool} with other arguments; this is a different"
+            " call, so it gets its own key and is not answered from the record (E3)"))
+        key = f"{key}:{digest[:12]}"
+        record = await task.reads.get_idempotency(key)
+    call = CallState(key=key, tool=action.name, args=args, args_hash=digest)
+    task.snap.call = call
+    if record and record.status == OutcomeStatus.SUCCEEDED:
+        task.log_recovery(Strategy.REUSE_RESULT,
+                          detail=f"{action.name} already succeeded under {key}")
+        task.append_history({"role": "assistant", "tool_call": {
+            "name": call.tool, "args": call.args, "key": call.key}})
+        task.finish_call(call, record.result, from_record=True)
+        return None
+    if record and record.status == OutcomeStatus.STARTED:
+        call.status = CallStatus.STARTED
+        call.attempt = record.attempts
+        await resolve_in_doubt(task)
+        return None
+    return call
 
 
 async def resolve_in_doubt(task: RunningTask) -> None:
@@ -364,17 +403,17 @@ async def human_decide(task: RunningTask, event: Event) -> None:
         task.set_status(Status.RUNNING)
     task.log_recovery(Strategy.HUMAN_DECISION, event.id, f"{by} said {call.tool} key={call.key}"
                         f" {_DECIDED[outcome]}")
-    if outcome == "happened":
+    if outcome == Decision.HAPPENED:
         task.finish_call(call, to_plain(payload.get("result")))
-    elif outcome == "not_happened":
+    elif outcome == Decision.NOT_HAPPENED:
         call.status = CallStatus.PLANNED
     else:
         _skip_call(task, call, by)
 
 
-_DECIDED = {"happened": "had happened; its result is recorded and it is not run again",
-            "not_happened": "never happened; it runs now with the same key",
-            "skip": "is to be skipped; it is dropped without running"}
+_DECIDED = {Decision.HAPPENED: "had happened; its result is recorded and it is not run again",
+            Decision.NOT_HAPPENED: "never happened; it runs now with the same key",
+            Decision.SKIP: "is to be skipped; it is dropped without running"}
 
 
 def _skip_call(task: RunningTask, call: CallState, by: str) -> None:

@@ -18,11 +18,12 @@ from collections.abc import Awaitable, Mapping
 from typing import Any, TypeVar
 
 from tether import blobs
-from tether.agent import Agent, CutOff, TaskView
+from tether.agent import Agent, TaskView
 from tether.engine import degrade, recovery, timers
 from tether.engine.events import apply_event
 from tether.engine.host import RunnerHost
 from tether.engine.loading import newest_readable
+from tether.engine.preemption import Preempted, Preemptible
 from tether.engine.task import clean_up_resources, hand_to_person
 from tether.errors import InvalidInput, LeaseLost, OutcomeUnknown, ToolTimeout, UnknownAgent
 from tether.failpoints import failpoint
@@ -54,13 +55,9 @@ from tether.resources import ResourceKinds
 from tether.settings import Settings
 from tether.store import Checkpoint, Claim, HistoryRow, StoredEvent
 from tether.strategies import Strategy
-from tether.tools import Tool, ToolContext, args_hash, idempotency_key
+from tether.tools import Tool, ToolContext
 
 T = TypeVar("T")
-
-
-class Preempted(Exception):
-    """Internal: a P0 event cancelled the plan or interruptible tool in flight."""
 
 
 class Runner:
@@ -90,8 +87,7 @@ class Runner:
         self.applied_levers: set[int] = set()
         self.fired: set[str] = set()
         self._stopping = False
-        self._cancellable: asyncio.Future[Any] | None = None
-        self._preempting = False
+        self.preemptible = Preemptible()
         self._rows: list[HistoryRow] = []
         self._events_done: list[tuple[int, str]] = []
         self._idempotency: list[IdempotencyRecord] = []
@@ -287,23 +283,10 @@ class Runner:
 
     async def cancellable(self, work: Awaitable[T]) -> T:
         """Run *work* so that a P0 event can cancel it at once (E1)."""
-        future: asyncio.Future[T] = asyncio.ensure_future(work)
-        self._cancellable = future
-        try:
-            return await future
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if self._preempting and (current is None or not current.cancelling()):
-                raise Preempted from None
-            raise
-        except CutOff as cut:
-            if not self._preempting:
-                raise
-            self.append_history({"role": "assistant", "content": cut.partial, "cut_off": True})
-            raise Preempted from None
-        finally:
-            self._cancellable = None
-            self._preempting = False
+        return await self.preemptible.run(work, self._keep_cut_off)
+
+    def _keep_cut_off(self, partial: str) -> None:
+        self.append_history({"role": "assistant", "content": partial, "cut_off": True})
 
     def stop(self) -> None:
         """Finish the step in flight, commit, and return (a graceful stop, E5).
@@ -314,7 +297,7 @@ class Runner:
         """
         self._stopping = True
         self.wake.set()
-        self._cancel_cancellable()
+        self.preemptible.cut()
 
     def safe_to_release(self) -> bool:
         """Whether this task can be handed over cleanly though its step was cut off: true
@@ -334,12 +317,7 @@ class Runner:
         """Called when an event for this task is stored; P0 cancels interruptible work."""
         self.wake.set()
         if priority == 0:
-            self._cancel_cancellable()
-
-    def _cancel_cancellable(self) -> None:
-        if self._cancellable is not None and not self._cancellable.done():
-            self._preempting = True
-            self._cancellable.cancel()
+            self.preemptible.cut()
 
     # ------------------------------------------------------------------ actions
 
@@ -408,7 +386,7 @@ class Runner:
             self.request_commit()
             return
         if call is None:
-            call = await self.open_call(action)
+            call = await recovery.open_call(self, action)
             if call is None:
                 return
         call.attempt += 1
@@ -447,54 +425,15 @@ class Runner:
         quick = time.monotonic() - started < self.settings.defer_results_under
         self.finish_call(call, result, defer=tool.idempotent and quick)
 
-    async def open_call(self, action: ToolCall) -> CallState | None:
-        """Create the call's state, answering from the idempotency table when it already ran."""
-        frame = self.snap.frame
-        args = to_plain(dict(action.args))
-        digest = args_hash(action.name, args)
-        key = idempotency_key(self.snap.task_id, frame.frame_id, frame.steps, self.snap.key_salt)
-        record = await self.store.get_idempotency(key)
-        if record and (record.tool, record.args_hash) != (action.name, digest):
-            self.log_recovery(Strategy.IDEMPOTENCY_MISMATCH, detail=(
-                f"key {key} was used by {record.tool} with other arguments; this is a different"
-                " call, so it gets its own key and is not answered from the record (E3)"))
-            key = f"{key}:{digest[:12]}"
-            record = await self.store.get_idempotency(key)
-        call = CallState(key=key, tool=action.name, args=args, args_hash=digest)
-        self.snap.call = call
-        if record and record.status == OutcomeStatus.SUCCEEDED:
-            self.log_recovery(Strategy.REUSE_RESULT,
-                              detail=f"{action.name} already succeeded under {key}")
-            self.append_history({"role": "assistant", "tool_call": {
-                "name": call.tool, "args": call.args, "key": call.key}})
-            self.finish_call(call, record.result, from_record=True)
-            return None
-        if record and record.status == OutcomeStatus.STARTED:
-            call.status = CallStatus.STARTED
-            call.attempt = record.attempts
-            await recovery.resolve_in_doubt(self)
-            return None
-        return call
-
     async def invoke(self, tool: Tool, call: CallState) -> Any:
         ctx = ToolContext(self.snap.task_id, tool.name, call.key, call.attempt, self.claim.fence)
-        work = self._with_timeout(tool, ctx, call.args)
+        work = tool.run(ctx, call.args)
         try:
             with self.host.telemetry.span("tether.tool", **{
                     "tether.tool": tool.name, "tether.key": call.key, "tether.attempt": call.attempt}):
                 return await (self.cancellable(work) if tool.interruptible else work)
         finally:
             self.snap.resources.extend(ctx.resources)  # also from failed attempts: cleaned up too
-
-    @staticmethod
-    async def _with_timeout(tool: Tool, ctx: ToolContext, args: dict[str, Any]) -> Any:
-        try:
-            if tool.timeout is None:  # most tools: no timer to arm on every call
-                return await tool.fn(ctx, **args)
-            async with asyncio.timeout(tool.timeout):
-                return await tool.fn(ctx, **args)
-        except TimeoutError:
-            raise ToolTimeout(f"tool {tool.name} timed out after {tool.timeout}s") from None
 
     def finish_call(self, call: CallState, result: Any, from_record: bool = False,
                     defer: bool = False) -> None:

@@ -23,6 +23,7 @@ from tether.errors import TetherError
 from tether.model import (
     Action,
     CallState,
+    Cleanup,
     Event,
     Frame,
     IdempotencyRecord,
@@ -160,7 +161,8 @@ def clean_up_resources(task: RunningTask) -> None:
     """Apply each resource's cleanup policy when the task ends."""
     succeeded = task.snap.status is Status.COMPLETED
     for resource in task.snap.resources:
-        if resource.cleanup == "keep" or (resource.cleanup == "on_success" and not succeeded):
+        if resource.cleanup == Cleanup.KEEP or (resource.cleanup == Cleanup.ON_SUCCESS
+                                                and not succeeded):
             continue
         try:
             task.resource_kinds.get(resource.kind).cleanup(resource.ref)
