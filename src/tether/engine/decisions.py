@@ -27,8 +27,8 @@ class Decision(enum.StrEnum):
     """It is dropped; the agent sees it was skipped."""
 
 
-DECISIONS = tuple(Decision)
-"""The decisions, in the order they are offered (checks by value: ``"skip" in DECISIONS``)."""
+DECISIONS = tuple(decision.value for decision in Decision)
+"""The decisions' names, in the order they are offered (for choices and messages)."""
 
 
 def call_awaiting_decision(snap: Snapshot, tools: Mapping[str, Tool]) -> CallState | None:
