@@ -10,7 +10,15 @@ import pytest
 
 import services
 from tether.settings import Settings
-from tether.store import SQLiteStore, Store, open_store
+from tether.store import (
+    ReadStore,
+    SnapshotReads,
+    SQLiteStore,
+    Store,
+    WorkerStore,
+    open_store,
+    queries,
+)
 from tether.store.conformance import DurableStoreConformance, StoreConformance
 from tether.store.redis_cache import CachedStore
 
@@ -71,6 +79,38 @@ class TestSQLiteFileDurability(DurableStoreConformance):
     @pytest.fixture
     def reopen_store(self, tmp_path: Path) -> Callable[[], Store]:
         return lambda: open_store(_sqlite_url(tmp_path))
+
+
+def _members(protocol: type) -> set[str]:
+    """The methods a protocol itself declares (not those it inherits)."""
+    return {name for name in vars(protocol) if not name.startswith("_")}
+
+
+async def test_store_is_both_reads_the_worker_s_path_people_s_reads_and_a_lifecycle() -> None:
+    """R13: the Store protocol splits by who asks: what both read (SnapshotReads), the path
+    that moves tasks (WorkerStore), what people read (ReadStore) and the lifecycle. Each
+    method is in exactly one part, and every backend (and the cache) has all of them."""
+    parts = [_members(part) for part in (SnapshotReads, WorkerStore, ReadStore, Store)]
+    every = set().union(*parts)
+    assert sum(len(part) for part in parts) == len(every)  # no method in two parts
+    assert parts[0] == {"get_task", "load_head", "load_blobs", "read_history", "list_versions"}
+    assert parts[3] == {"migrate", "close"}
+    assert {"claim", "commit", "add_event"} <= parts[1]
+    assert {"list_tasks", "list_events", "integrity_check"} <= parts[2]
+    inner = open_store("memory://")
+    cached = CachedStore(inner, "redis://127.0.0.1:6379/0")  # connects only when used
+    try:
+        for store in (inner, cached):
+            assert all(callable(getattr(store, name)) for name in every)
+    finally:
+        await cached.close()
+
+
+def test_shared_sql_takes_psycopg_placeholders() -> None:
+    """R13: SQL written once with ``?`` runs on PostgreSQL as ``%s``, a literal ``%`` doubled."""
+    assert queries.pyformat("SELECT 1 FROM tasks WHERE task_id = ? AND reason LIKE '5%'") == (
+        "SELECT 1 FROM tasks WHERE task_id = %s AND reason LIKE '5%%'")
+    assert queries.pyformat(queries.wake_in(2)).endswith("status IN (%s, %s)")
 
 
 async def test_sqlite_file_defaults_to_wal_and_synchronous_full(tmp_path: Path) -> None:

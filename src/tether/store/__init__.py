@@ -1,4 +1,5 @@
-"""Stores: one protocol (:mod:`tether.store.base`), one module per backend."""
+"""Stores: the protocols (:mod:`tether.store.base`), one module per backend, and what the SQL
+backends share (``queries``, ``rows``, ``steps``, ``backend``)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,17 @@ from pathlib import Path
 
 from tether.errors import StoreURLError
 from tether.settings import Settings
-from tether.store.base import Checkpoint, Claim, HistoryRow, InboxLimits, Store, StoredEvent
+from tether.store.base import (
+    Checkpoint,
+    Claim,
+    HistoryRow,
+    InboxLimits,
+    ReadStore,
+    SnapshotReads,
+    Store,
+    StoredEvent,
+    WorkerStore,
+)
 from tether.store.sqlite import SQLiteStore
 
 DEFAULT_URL = "sqlite:///tether.db"
@@ -17,9 +28,12 @@ __all__ = [
     "Claim",
     "HistoryRow",
     "InboxLimits",
+    "ReadStore",
     "SQLiteStore",
+    "SnapshotReads",
     "Store",
     "StoredEvent",
+    "WorkerStore",
     "open_store",
 ]
 

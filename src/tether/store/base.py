@@ -1,4 +1,10 @@
-"""The store protocol: the one narrow seam every backend plugs into (R13).
+"""The store protocols: the one narrow seam every backend plugs into (R13).
+
+:class:`Store` is split by who asks. :class:`WorkerStore` is the path that moves tasks
+(workers, and the harness starting tasks and storing events); :class:`ReadStore` is what
+people read (listings, the console, ``tether check``); both read snapshots alike
+(:class:`SnapshotReads`). Code that only reads can say so in its types and be handed a
+read-only view; a backend implements :class:`Store`, both paths and its lifecycle.
 
 A backend stores five kinds of rows: the task index (with leases), snapshot
 heads by version, append-only history, the event inbox (with a unique
@@ -75,27 +81,6 @@ class InboxLimits:
     """Finished statuses this event may still reach (a resume of a failed task, a rollback)."""
 
 
-def statuses_woken(priority: int, limits: InboxLimits) -> list[str]:
-    """The task statuses a newly stored event makes due at once. P0-P2 wake a parked or
-    backing-off task; P3/P4 only update state (R4); levers also reach what they may reopen."""
-    woken = ["waiting", "paused", "running"] if priority <= 2 else []
-    woken += [status.value for status in limits.reopens]
-    if limits.wakes_needs_human:
-        woken.append("needs_human")
-    return woken
-
-
-def stranded_wake(status: Status, wake_at: float | None, now: float) -> str | None:
-    """After a commit (or status change) leaves a task in *status*: the SQL condition on its
-    pending events that makes it due at once, because they arrived after the runner's last
-    look; None when nothing can be stranded (a running task that is not backing off)."""
-    if status is Status.RUNNING and (wake_at is None or wake_at <= now):
-        return None
-    if status in (Status.WAITING, Status.PAUSED, Status.RUNNING):
-        return "(priority <= 2 OR control)"
-    return "control"
-
-
 @dataclass(frozen=True)
 class StoredEvent:
     """An event as the store holds it."""
@@ -106,27 +91,36 @@ class StoredEvent:
     coalesce: str | None
 
 
-class Store(Protocol):
-    """What tether needs from a storage backend. All methods are coroutines."""
+
+class SnapshotReads(Protocol):
+    """What both sides read: a worker resuming a task and a person looking at one load the
+    same task row, snapshot heads, large values and dialog. All methods are coroutines."""
+
+    async def get_task(self, task_id: str) -> TaskRecord:
+        """The task's index row; :class:`TaskNotFound` if there is none."""
+
+    async def load_head(self, task_id: str, version: int | None = None) -> tuple[int, bytes]:
+        """The snapshot head at *version* (default: the newest)."""
+
+    async def load_blobs(self, digests: Collection[str]) -> dict[str, bytes]:
+        """The large values stored under *digests* (R20); a digest not stored is left out."""
+
+    async def read_history(self, task_id: str, segments: Sequence[Sequence[int]]) -> list[dict[str, Any]]:
+        """The dialog along a branch: ``segments`` is [[epoch, last seq or -1], ...]."""
+
+    async def list_versions(self, task_id: str) -> list[tuple[int, float, int]]:
+        """Kept versions as (version, created_at, size in bytes), oldest first."""
+
+
+class WorkerStore(SnapshotReads, Protocol):
+    """The path that moves tasks: starting them, leasing them to workers, writing their steps
+    and events, and what a worker reads while it runs one. Every write goes through here;
+    writes under a lease are fence-checked, so a worker that lost its lease lands nothing."""
 
     async def create_task(self, record: TaskRecord, head: bytes, wake_at: float | None = None,
                           blobs: Mapping[str, bytes] | None = None) -> None:
         """Insert a task and its version-1 snapshot (and the large values it refers to, R20);
         with *wake_at*, no worker claims it before then (a scheduled start)."""
-
-    async def get_task(self, task_id: str) -> TaskRecord:
-        """The task's index row; :class:`TaskNotFound` if there is none."""
-
-    async def list_tasks(
-        self, status: Status | None = None, limit: int = 1000
-    ) -> list[TaskRecord]:
-        """Tasks, newest first, optionally of one status."""
-
-    async def wake_all(self, status: Status, now: float) -> int:
-        """Mark every task in *status* due for a look now; returns how many."""
-
-    async def count_by_status(self) -> dict[str, int]:
-        """How many tasks are in each status."""
 
     async def claim(self, worker: str, now: float, lease: float,
                     busy: Collection[str] = ()) -> Claim | None:
@@ -159,18 +153,6 @@ class Store(Protocol):
     async def commit(self, claim: Claim, checkpoint: Checkpoint, keep: int, lease_until: float) -> int:
         """Write one step atomically under the lease; returns the new version."""
 
-    async def load_head(self, task_id: str, version: int | None = None) -> tuple[int, bytes]:
-        """The snapshot head at *version* (default: the newest)."""
-
-    async def load_blobs(self, digests: Collection[str]) -> dict[str, bytes]:
-        """The large values stored under *digests* (R20); a digest not stored is left out."""
-
-    async def list_versions(self, task_id: str) -> list[tuple[int, float, int]]:
-        """Kept versions as (version, created_at, size in bytes), oldest first."""
-
-    async def read_history(self, task_id: str, segments: Sequence[Sequence[int]]) -> list[dict[str, Any]]:
-        """The dialog along a branch: ``segments`` is [[epoch, last seq or -1], ...]."""
-
     async def next_epoch(self, task_id: str) -> int:
         """A history branch number not used yet by this task."""
 
@@ -180,14 +162,36 @@ class Store(Protocol):
     async def pending_events(self, task_id: str) -> list[StoredEvent]:
         """Events not yet applied, most urgent first."""
 
+    async def get_idempotency(self, key: str) -> IdempotencyRecord | None:
+        """The record for one idempotency key."""
+
+    async def wake_all(self, status: Status, now: float) -> int:
+        """Mark every task in *status* due for a look now; returns how many."""
+
+    async def wait_for_work(self, timeout: float) -> None:
+        """Return when new work may have arrived (a task or an event was stored, by any
+        process), or after *timeout*. A backend without notifications simply sleeps."""
+
+    async def ping(self) -> None:
+        """Return once the store could take a write now; :class:`StoreUnavailable` if it
+        cannot yet (a worker riding out an outage asks this before carrying on)."""
+
+
+class ReadStore(SnapshotReads, Protocol):
+    """What people read (listings, the console, the API, ``tether check``): it changes
+    nothing, so a read-only view of a store needs no more than this."""
+
+    async def list_tasks(self, status: Status | None = None, limit: int = 1000) -> list[TaskRecord]:
+        """Tasks, newest first, optionally of one status."""
+
+    async def count_by_status(self) -> dict[str, int]:
+        """How many tasks are in each status."""
+
     async def count_pending_events(self) -> int:
         """Events stored but not yet applied, over all tasks (the inbox depth)."""
 
     async def list_events(self, task_id: str) -> list[StoredEvent]:
         """Every event ever stored for the task, oldest first."""
-
-    async def get_idempotency(self, key: str) -> IdempotencyRecord | None:
-        """The record for one idempotency key."""
 
     async def list_idempotency(self, task_id: str) -> list[IdempotencyRecord]:
         """All idempotency records of a task."""
@@ -195,23 +199,19 @@ class Store(Protocol):
     async def list_recovery_log(self, task_id: str) -> list[dict[str, Any]]:
         """The task's recovery records, oldest first."""
 
-    async def wait_for_work(self, timeout: float) -> None:
-        """Return when new work may have arrived (a task or an event was stored, by any
-        process), or after *timeout*. A backend without notifications simply sleeps."""
-
-    async def migrate(self) -> list[str]:
-        """Create or upgrade the schema now; returns the migrations applied (maybe none)."""
-
-    async def ping(self) -> None:
-        """Return once the store could take a write now; :class:`StoreUnavailable` if it
-        cannot yet (a worker riding out an outage asks this before carrying on)."""
-
     async def integrity_check(self) -> list[str]:
         """Look for damage in the store itself; returns the problems found, one line each
         (an empty list: nothing found). It covers the storage (SQLite: ``PRAGMA
         integrity_check``; PostgreSQL: every tether table present at this schema) and that
         every task's head row exists. It reads only, and it does not parse heads: a caller
         checking every task also loads each head (``tether check``)."""
+
+
+class Store(WorkerStore, ReadStore, Protocol):
+    """A whole backend: both paths, and its lifecycle (opened by :func:`tether.store.open_store`)."""
+
+    async def migrate(self) -> list[str]:
+        """Create or upgrade the schema now; returns the migrations applied (maybe none)."""
 
     async def close(self) -> None:
         """Release connections."""

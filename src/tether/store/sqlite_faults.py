@@ -74,9 +74,11 @@ class Damage:
 
 
 def guarded(cls: C) -> C:
-    """Wrap every public coroutine method of a store class (with a ``damage`` attribute) so
-    that no raw ``sqlite3`` error escapes it, and damage met anywhere is remembered."""
-    for name, method in list(vars(cls).items()):
+    """Wrap every public coroutine method of a store class (with a ``damage`` attribute),
+    its own and those it inherits (the methods shared with other SQL backends), so that no
+    raw ``sqlite3`` error escapes it, and damage met anywhere is remembered."""
+    for name in dir(cls):
+        method = getattr(cls, name)
         if not name.startswith("_") and inspect.iscoroutinefunction(method):
             setattr(cls, name, _guard(method))
     return cls

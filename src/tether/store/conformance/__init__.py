@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tether.model import IdempotencyRecord, Status
+from tether.model import IdempotencyRecord, OutcomeStatus, Status
 from tether.store.base import HistoryRow, Store
 from tether.store.conformance.helpers import claim, commit, event, limits, make_task
 from tether.store.conformance.inbox import InboxConformance
@@ -79,7 +79,7 @@ class DurableStoreConformance(StoreConformance):
         await make_task(store, "t1")
         receipt = await store.add_event(event("t1", payload="hi"), 1, limits(), now)
         lease = await claim(store, "t1", now)
-        record = IdempotencyRecord("t1:f:0", "t1", "send", "h", "succeeded", {"id": 1})
+        record = IdempotencyRecord("t1:f:0", "t1", "send", "h", OutcomeStatus.SUCCEEDED, {"id": 1})
         await commit(store, lease, Status.WAITING, now,
                      history=[HistoryRow(0, 1, {"role": "user", "content": "hi"})],
                      idempotency=[record], recovery_log=[{"resume_strategy": "restart"}])

@@ -11,7 +11,7 @@ from tether.errors import (
     TaskClosed,
     TaskNotFound,
 )
-from tether.model import IdempotencyRecord, Status
+from tether.model import IdempotencyRecord, OutcomeStatus, Status
 from tether.store.base import Store
 from tether.store.conformance.helpers import (
     LEASE,
@@ -290,8 +290,8 @@ class InboxConformance:
         now = time.time()
         await make_task(store, "t1")
         lease = await claim(store, "t1", now)
-        started = IdempotencyRecord("t1:f1:0", "t1", "refund", "abc123", "started", attempts=1)
-        other = IdempotencyRecord("t1:f1:1", "t1", "lookup", "def456", "failed",
+        started = IdempotencyRecord("t1:f1:0", "t1", "refund", "abc123", OutcomeStatus.STARTED, attempts=1)
+        other = IdempotencyRecord("t1:f1:1", "t1", "lookup", "def456", OutcomeStatus.FAILED,
                                   error="ToolTimeout: slow", attempts=2)
         await commit(store, lease, Status.RUNNING, now, idempotency=[started, other])
         got = await store.get_idempotency("t1:f1:0")
@@ -301,7 +301,7 @@ class InboxConformance:
                                              None, None, 1)
         assert got.updated_at > 0
         result = {"refund_id": "r-9", "amount": 12.5, "items": [1, 2], "ok": True}
-        done = IdempotencyRecord("t1:f1:0", "t1", "refund", "abc123", "succeeded", result,
+        done = IdempotencyRecord("t1:f1:0", "t1", "refund", "abc123", OutcomeStatus.SUCCEEDED, result,
                                  attempts=1)
         await commit(store, lease, Status.RUNNING, now, idempotency=[done])
         got = await store.get_idempotency("t1:f1:0")

@@ -12,7 +12,7 @@ from tether.errors import (
     TetherError,
     VersionNotFound,
 )
-from tether.model import IdempotencyRecord, Snapshot, Status, TaskRecord
+from tether.model import IdempotencyRecord, OutcomeStatus, Snapshot, Status, TaskRecord
 from tether.store.base import Checkpoint, Claim, HistoryRow, Store
 from tether.store.conformance.helpers import (
     KEEP,
@@ -95,7 +95,7 @@ class TaskConformance:
             await commit(store, lease, Status.RUNNING, now, step=step, keep=2,
                          history=[HistoryRow(0, step, {"role": "tool", "content": step})],
                          idempotency=[IdempotencyRecord(f"a:f:{step}", "a", "t", "h",
-                                                        "succeeded", step)])
+                                                        OutcomeStatus.SUCCEEDED, step)])
         await store.add_event(event("b", payload="hi"), 1, limits(), now)
         await park(store, "c", Status.COMPLETED, now)
         assert await store.integrity_check() == []
@@ -291,7 +291,7 @@ class TaskConformance:
             status=Status.COMPLETED,
             history=[HistoryRow(0, 1, {"role": "assistant", "content": "late"})],
             events_done=[(pending.event.id, "applied")],
-            idempotency=[IdempotencyRecord("t1:f:1", "t1", "pay", "h", "succeeded", 1)],
+            idempotency=[IdempotencyRecord("t1:f:1", "t1", "pay", "h", OutcomeStatus.SUCCEEDED, 1)],
             recovery_log=[{"task_id": "t1", "resume_strategy": "late"}],
             reason="stale",
         )
@@ -435,7 +435,7 @@ class TaskConformance:
             return Checkpoint(head=head(f"t{n}", Status.RUNNING, 1), status=Status.RUNNING,
                               history=[HistoryRow(0, 1, {"role": "tool", "content": n})],
                               idempotency=[IdempotencyRecord(f"t{n}:f:0", f"t{n}", "pay", "h",
-                                                             "succeeded", n)])
+                                                             OutcomeStatus.SUCCEEDED, n)])
 
         results = await asyncio.gather(
             *(store.commit(lease, checkpoint(n), KEEP, now + LEASE)

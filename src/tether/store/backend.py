@@ -1,0 +1,89 @@
+"""The part of a SQL store that is the same on every backend (R13).
+
+Most :class:`~tether.store.base.Store` methods are one algorithm from
+:mod:`tether.store.steps` run either outside a transaction (a read) or inside one write
+transaction. They are implemented here once; a backend supplies only how to run steps
+(:meth:`SQLBackend._read`, :meth:`SQLBackend._write`) and the methods that really differ:
+claiming and leases (each database has its own way to take a row and its own clock), the
+checkpoint (SQLite rewrites a snapshot row in place), large-value lookups (list parameters),
+waiting for work, the schema, checks and closing.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+from tether.model import EmitReceipt, Event, IdempotencyRecord, Status, TaskRecord
+from tether.store import steps
+from tether.store.base import InboxLimits, StoredEvent
+from tether.store.steps import Steps
+
+T = TypeVar("T")
+
+
+class SQLBackend(ABC):
+    """Store methods written once for every SQL backend; see the protocols in
+    :mod:`tether.store.base` for what each promises."""
+
+    @abstractmethod
+    async def _read(self, work: Steps[T]) -> T:
+        """Run *work* outside a transaction: each statement sees what is committed then."""
+
+    @abstractmethod
+    async def _write(self, work: Steps[T]) -> T:
+        """Run *work* in one write transaction: all of them land, or none."""
+
+    # ------------------------------------------------------------------ the worker's writes
+
+    async def create_task(self, record: TaskRecord, head: bytes, wake_at: float | None = None,
+                          blobs: Mapping[str, bytes] | None = None) -> None:
+        await self._write(steps.create_task(record, head, wake_at, blobs or {}))
+
+    async def wake_all(self, status: Status, now: float) -> int:
+        return await self._write(steps.wake_all(status, now))
+
+    async def next_epoch(self, task_id: str) -> int:
+        return await self._write(steps.next_epoch(task_id))
+
+    async def add_event(self, event: Event, priority: int, limits: InboxLimits, now: float) -> EmitReceipt:
+        return await self._write(steps.add_event(event, priority, limits, now))
+
+    # ------------------------------------------------------------------ reads
+
+    async def get_task(self, task_id: str) -> TaskRecord:
+        return await self._read(steps.get_task(task_id))
+
+    async def list_tasks(self, status: Status | None = None, limit: int = 1000) -> list[TaskRecord]:
+        return await self._read(steps.list_tasks(status, limit))
+
+    async def count_by_status(self) -> dict[str, int]:
+        return await self._read(steps.count_by_status())
+
+    async def load_head(self, task_id: str, version: int | None = None) -> tuple[int, bytes]:
+        return await self._read(steps.load_head(task_id, version))
+
+    async def list_versions(self, task_id: str) -> list[tuple[int, float, int]]:
+        return await self._read(steps.list_versions(task_id))
+
+    async def read_history(self, task_id: str, segments: Sequence[Sequence[int]]) -> list[dict[str, Any]]:
+        return await self._read(steps.read_history(task_id, segments))
+
+    async def pending_events(self, task_id: str) -> list[StoredEvent]:
+        return await self._read(steps.pending_events(task_id))
+
+    async def count_pending_events(self) -> int:
+        return await self._read(steps.count_pending_events())
+
+    async def list_events(self, task_id: str) -> list[StoredEvent]:
+        return await self._read(steps.list_events(task_id))
+
+    async def get_idempotency(self, key: str) -> IdempotencyRecord | None:
+        return await self._read(steps.get_idempotency(key))
+
+    async def list_idempotency(self, task_id: str) -> list[IdempotencyRecord]:
+        return await self._read(steps.list_idempotency(task_id))
+
+    async def list_recovery_log(self, task_id: str) -> list[dict[str, Any]]:
+        return await self._read(steps.list_recovery_log(task_id))

@@ -1,0 +1,125 @@
+"""The SQL every backend runs alike, written once (R13).
+
+The SQLite and PostgreSQL stores hold the same rows (``sql/sqlite_schema.sql``,
+``sql/postgres/``), so most of what they say to their databases is word for word the same.
+It is written here once, with ``?`` placeholders (SQLite's own style); the PostgreSQL store
+runs each statement through :func:`pyformat` (``%s``), once per statement text.
+
+What is not here differs on purpose and stays in its backend, each with a comment saying
+why: claiming (partial-index branches in SQLite; ``FOR UPDATE SKIP LOCKED`` in PostgreSQL),
+lease times (PostgreSQL judges them by the server's clock), list parameters (PostgreSQL
+arrays; SQLite has none and uses ``json_each``), reusing a snapshot row in place (SQLite's
+``rowid``), LISTEN/NOTIFY and row locks (PostgreSQL only).
+
+Columns that a caller reads by name and that are not plain columns carry an ``AS`` name,
+so every backend names them alike.
+"""
+
+from __future__ import annotations
+
+import functools
+
+OPEN = "('pending', 'running', 'waiting', 'paused', 'needs_human')"
+"""Unfinished statuses, in the words of the partial index ``tasks_open`` (a partial index is
+only used when the query repeats its WHERE term word for word)."""
+FINISHED = ("completed", "failed", "cancelled")
+"""A task in one of these whose holder never released it did not crash: it had finished."""
+
+_TASK_COLUMNS = ("task_id, agent, status, created_at, updated_at, head_version, reason,"
+                 " lease_owner, lease_until, wake_at")
+_EVENT_COLUMNS = ("id, task_id, type, priority, payload, source_event_id, created_at, status,"
+                  " coalesce_class")
+_IDEMPOTENCY_COLUMNS = "key, task_id, tool, args_hash, status, result, error, attempts, updated_at"
+
+# ------------------------------------------------------------------ tasks
+
+GET_TASK = f"SELECT {_TASK_COLUMNS} FROM tasks WHERE task_id = ?"
+LIST_TASKS = f"SELECT {_TASK_COLUMNS} FROM tasks ORDER BY created_at DESC LIMIT ?"
+LIST_TASKS_IN = f"SELECT {_TASK_COLUMNS} FROM tasks WHERE status = ? ORDER BY created_at DESC LIMIT ?"
+COUNT_BY_STATUS = "SELECT status, COUNT(*) AS tasks FROM tasks GROUP BY status"
+INSERT_TASK = ("INSERT INTO tasks (task_id, agent, status, created_at, updated_at, head_version,"
+               " wake_at) VALUES (?, ?, ?, ?, ?, 1, ?) ON CONFLICT (task_id) DO NOTHING")
+TASK_STATUS = "SELECT status FROM tasks WHERE task_id = ?"
+FENCE = "SELECT fence, head_version, status, wake_at, lease_until FROM tasks WHERE task_id = ?"
+SET_STATUS = "UPDATE tasks SET status = ?, reason = ?, updated_at = ?, wake_at = ? WHERE task_id = ?"
+WAKE_TASK = "UPDATE tasks SET wake_at = ? WHERE task_id = ?"
+WAKE_ALL = "UPDATE tasks SET wake_at = ? WHERE status = ?"
+NEXT_EPOCH = "UPDATE tasks SET max_epoch = max_epoch + 1 WHERE task_id = ? RETURNING max_epoch"
+
+
+def wake_in(statuses: int) -> str:
+    """Make a task due now if it is in one of *statuses* statuses (given as parameters)."""
+    return f"UPDATE tasks SET wake_at = ? WHERE task_id = ? AND status IN ({', '.join('?' * statuses)})"
+
+
+# ------------------------------------------------------------------ snapshots, blobs, history
+
+NEWEST_HEAD = ("SELECT s.version AS version, s.head AS head FROM tasks t JOIN snapshots s"
+               " ON s.task_id = t.task_id AND s.version = t.head_version WHERE t.task_id = ?")
+HEAD_AT = "SELECT version, head FROM snapshots WHERE task_id = ? AND version = ?"
+NEWEST_VERSION = "SELECT MAX(version) AS newest FROM snapshots WHERE task_id = ?"
+LIST_VERSIONS = ("SELECT version, created_at, length(head) AS size FROM snapshots WHERE task_id = ?"
+                 " ORDER BY version")
+INSERT_SNAPSHOT = "INSERT INTO snapshots (task_id, version, created_at, head) VALUES (?, ?, ?, ?)"
+DROP_SNAPSHOTS_TO = "DELETE FROM snapshots WHERE task_id = ? AND version <= ?"
+INSERT_BLOB = ("INSERT INTO blobs (digest, data, created_at) VALUES (?, ?, ?)"
+               " ON CONFLICT (digest) DO NOTHING")
+HISTORY = ("SELECT entry FROM history WHERE task_id = ? AND epoch = ? AND seq BETWEEN ? AND ?"
+           " ORDER BY seq")
+INSERT_HISTORY = "INSERT INTO history (task_id, epoch, seq, entry) VALUES (?, ?, ?, ?)"
+
+# ------------------------------------------------------------------ events
+
+_SELECT_EVENTS = f"SELECT {_EVENT_COLUMNS} FROM events"
+PENDING_EVENTS = f"{_SELECT_EVENTS} WHERE task_id = ? AND status = 'pending' ORDER BY priority, id"
+LIST_EVENTS = f"{_SELECT_EVENTS} WHERE task_id = ? ORDER BY id"
+COUNT_PENDING = "SELECT COUNT(*) AS pending FROM events WHERE status = 'pending'"
+COUNT_PENDING_OF = "SELECT COUNT(*) AS pending FROM events WHERE task_id = ? AND status = 'pending'"
+SEEN_EVENT = "SELECT id FROM events WHERE task_id = ? AND source_event_id = ?"
+INSERT_EVENT = ("INSERT INTO events (task_id, type, priority, payload, source_event_id,"
+                " coalesce_class, control, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id")
+EVENT_DONE = "UPDATE events SET status = ?, done_at = ? WHERE id = ? AND task_id = ?"
+# What a new event replaces: older pending events at the same or a lower priority (coalescing
+# never swallows a more urgent event) of its coalescing class inside the window, and for a
+# P3/P4 event (state only) older pending ones of its type at any age. Parameters: priority,
+# coalescing class, window start, whether the event is P3/P4 and classed, type.
+_SUPERSEDED = ("status = 'pending' AND priority >= ? AND ((coalesce_class = ? AND created_at >= ?)"
+               " OR (? AND type = ?))")
+ANY_SUPERSEDED = f"SELECT 1 FROM events WHERE task_id = ? AND {_SUPERSEDED} LIMIT 1"
+COALESCE = (f"UPDATE events SET status = 'coalesced', done_at = ? WHERE task_id = ? AND id <> ?"
+            f" AND {_SUPERSEDED}")
+# A task that finished can never apply its pending events; levers that may reopen it (rollback
+# of a completed task) stay pending. Parameters: now, task, the status it finished in.
+IGNORE_PENDING = ("UPDATE events SET status = 'ignored', done_at = ? WHERE task_id = ?"
+                  " AND status = 'pending' AND NOT (control AND ? = 'completed')")
+URGENT = "(priority <= 2 OR control)"
+"""Pending events that wake a parked task: P0-P2, and levers."""
+LEVERS = "control"
+"""Pending events that still reach a finished task: levers only."""
+
+
+def pending_where(condition: str) -> str:
+    """Whether the task has a pending event matching *condition* (:data:`URGENT`, :data:`LEVERS`)."""
+    return f"SELECT 1 FROM events WHERE task_id = ? AND status = 'pending' AND {condition} LIMIT 1"
+
+
+# ------------------------------------------------------------------ idempotency, recovery log
+
+GET_IDEMPOTENCY = f"SELECT {_IDEMPOTENCY_COLUMNS} FROM idempotency WHERE key = ?"
+LIST_IDEMPOTENCY = f"SELECT {_IDEMPOTENCY_COLUMNS} FROM idempotency WHERE task_id = ? ORDER BY updated_at"
+# A key names one call of one task, so its task_id never changes: it is left out of the update,
+# and SQLite (which rewrites an index entry even for the same value) updates the row in place.
+PUT_IDEMPOTENCY = (f"INSERT INTO idempotency ({_IDEMPOTENCY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                   " ON CONFLICT (key) DO UPDATE SET tool = excluded.tool,"
+                   " args_hash = excluded.args_hash, status = excluded.status,"
+                   " result = excluded.result, error = excluded.error,"
+                   " attempts = excluded.attempts, updated_at = excluded.updated_at")
+RECOVERY_LOG = "SELECT record FROM recovery_log WHERE task_id = ? ORDER BY id"
+INSERT_RECOVERY = "INSERT INTO recovery_log (task_id, at, record) VALUES (?, ?, ?)"
+
+
+@functools.cache
+def pyformat(sql: str) -> str:
+    """*sql* with PostgreSQL's (psycopg's) placeholders: ``?`` becomes ``%s``, a literal ``%``
+    doubles. No statement here has a ``?`` inside a string literal."""
+    return sql.replace("%", "%%").replace("?", "%s")
