@@ -918,12 +918,6 @@ async def test_e4_rollback_to_a_call_in_doubt_reuses_its_recorded_result() -> No
     assert task.snap.call is None and task.snap.frame.last_tool_result == {"paid": 5}
 
 
-@pytest.mark.xfail(strict=True, reason="bug: rollback only looks at a call that is *started*; a"
-                   " call in retry back-off (failed, retry_at set) in the kept version stays"
-                   " open, and the runner runs an open call without consulting the idempotency"
-                   " table, so a side effect that succeeded after that version runs again"
-                   " (reproduced with a harness: the charge ran a third time, no reuse_result)."
-                   " If the fix lands in Runner.call_tool instead, rewrite this test")
 async def test_e4_rollback_to_a_call_in_back_off_reuses_its_later_result() -> None:
     """E4, R10: rolled back to a version whose call was waiting out a retry, the call that
     succeeded since (same key, tool and arguments) returns its recorded result instead of

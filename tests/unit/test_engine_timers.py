@@ -63,10 +63,6 @@ def test_e6_due_time_refuses_ambiguous_or_nonsense_moments(moment: Any) -> None:
         timers.due_time(moment, "deadline", now=NOW)
 
 
-@pytest.mark.xfail(strict=True, raises=OverflowError,
-                   reason="bug: timers.due_time calls math.isfinite on an int too large for a"
-                          " float, which raises OverflowError instead of InvalidInput (reaches"
-                          " Harness.submit(deadline=...) and a Wait's timeout)")
 def test_e6_due_time_refuses_a_huge_integer_with_invalid_input() -> None:
     """E6, R3: an integer too large for a float (JSON allows it) is refused like any other
     moment over ten years ahead."""
@@ -286,11 +282,6 @@ async def test_e6_a_deadline_does_not_stop_a_task_a_person_holds() -> None:
     assert task.snap.status is Status.NEEDS_HUMAN
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a wait's timer applied (ignored) after task_timeout"
-                   " failed the task is consumed, and miss_deadline/human_resume keep the wait"
-                   " under the same timer id; after a resume the task re-enters the wait, its"
-                   " timer is a store duplicate and it waits forever (reproduced with a harness:"
-                   " status stays waiting, wake_at in the past)")
 async def test_e6_a_wait_resumed_after_the_deadline_failed_the_task_can_still_time_out() -> None:
     """E6, R26: a task whose deadline and wait timeout both passed is failed by the deadline;
     a person resumes it; the wait it goes back to must still be able to time out (exactly

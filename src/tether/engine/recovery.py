@@ -25,6 +25,7 @@ from tether.model import (
     CallState,
     CallStatus,
     Event,
+    IdempotencyRecord,
     OutcomeStatus,
     Replan,
     Snapshot,
@@ -155,9 +156,7 @@ async def resolve_in_doubt(task: RunningTask) -> None:
     assert call is not None
     record = await task.reads.get_idempotency(call.key)
     same_call = record is not None and record.args_hash == call.args_hash
-    if record and same_call and record.status == OutcomeStatus.SUCCEEDED:
-        task.log_recovery(Strategy.REUSE_RESULT, detail=f"{call.tool} finished before the crash")
-        task.finish_call(call, record.result, from_record=True)
+    if _reuse_result(task, call, record, f"{call.tool} finished before the crash"):
         return
     if record and same_call and record.status == OutcomeStatus.FAILED:
         call.status = CallStatus.PLANNED  # its last attempt is known to have failed: safe to run
@@ -178,6 +177,17 @@ async def resolve_in_doubt(task: RunningTask) -> None:
                              " died and the tool has no reconcile hook; it was not repeated")
         return
     await _reconcile(task, tool, call)
+
+
+def _reuse_result(task: RunningTask, call: CallState, record: IdempotencyRecord | None,
+                  detail: str) -> bool:
+    """Answer *call* from the idempotency table if the same call already succeeded."""
+    if record is None or record.args_hash != call.args_hash \
+            or record.status != OutcomeStatus.SUCCEEDED:
+        return False
+    task.log_recovery(Strategy.REUSE_RESULT, detail=detail)
+    task.finish_call(call, record.result, from_record=True)
+    return True
 
 
 async def _reconcile(task: RunningTask, tool: Tool, call: CallState) -> None:
@@ -454,6 +464,8 @@ async def human_resume(task: RunningTask, event: Event) -> None:
                                 f"task already {snap.status.value}; duplicate resume signal (R21)")
         return
     _amend(task, payload)
+    if snap.status is Status.FAILED:  # a deadline may have used up its waits' timers
+        timers.retag_waits(snap, f"resume{event.id}")
     snap.recovery = type(snap.recovery)()
     snap.error = None
     snap.budget_start = snap.step
@@ -547,6 +559,10 @@ async def rollback(task: RunningTask, event: Event) -> None:
                            else ""))
     if old.call is not None and old.call.status == CallStatus.STARTED:
         await resolve_in_doubt(task)
+    elif old.call is not None:  # it may have succeeded since the kept version (E4)
+        _reuse_result(task, old.call, await task.reads.get_idempotency(old.call.key),
+                      f"{old.call.tool} key={old.call.key} succeeded after version {version};"
+                      " its recorded result is used, not run again")
 
 
 async def _rollback_target(task: RunningTask, event_id: int, version: int) -> bytes:

@@ -52,7 +52,7 @@ def due_time(value: Moment | None, what: str, now: float | None = None) -> float
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidInput(f"{what} must be seconds from now, a timedelta or an aware datetime,"
                            f" not {type(value).__name__}")
-    if not math.isfinite(value) or not 0 <= value <= MAX_AHEAD:
+    if not (isinstance(value, int) or math.isfinite(value)) or not 0 <= value <= MAX_AHEAD:
         raise InvalidInput(f"{what} must be between 0 and {MAX_AHEAD:,} seconds (ten years) from"
                            f" now, got {value!r}")
     return now + float(value)
@@ -68,18 +68,30 @@ def rearm_waits(snap: Snapshot, now: float, tag: str) -> None:
     """Restart the timed waits of a snapshot being restored by a rollback, from *now*.
 
     The rule: a wait that recorded its timeout runs it again in full; an older wait
-    without one times out at once. Either way it gets a timer id of its own, because the
-    old one may have fired already in the history rolled back, and would never fire
-    again: the task would wait forever while workers kept claiming it.
+    without one times out at once. Either way it gets a timer id of its own (see
+    :func:`retag_waits`).
     """
+    retag_waits(snap, tag)
     for frame in snap.stack:
         wait = frame.wait
         if not wait or wait.get("due_at") is None:
             continue
-        timer = wait_timer_id(frame)
         timeout = wait.get("timeout")
         wait["due_at"] = now + float(timeout) if isinstance(timeout, int | float) else now
-        wait["timer"] = f"{timer}:{tag}"
+
+
+def retag_waits(snap: Snapshot, tag: str) -> None:
+    """Give every timed wait a timer id not used before, keeping its due time.
+
+    Needed whenever a task goes back to waits whose timers may already have fired (in
+    the history a rollback leaves, or ignored while a deadline had failed the task): the
+    old id is a duplicate in the inbox and would never fire again, so the task would wait
+    forever while workers kept claiming it.
+    """
+    for frame in snap.stack:
+        wait = frame.wait
+        if wait and wait.get("due_at") is not None:
+            wait["timer"] = f"{wait_timer_id(frame)}:{tag}"
 
 
 def overdue(snap: Snapshot) -> bool:
