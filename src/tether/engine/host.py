@@ -16,7 +16,7 @@ from tether.agent import Agent
 from tether.engine.inbox import Inbox
 from tether.resources import ResourceKinds
 from tether.settings import Settings
-from tether.store import Store
+from tether.store import WorkerStore
 from tether.telemetry import Telemetry
 from tether.tools import Tool
 
@@ -50,7 +50,7 @@ class RunnerHost(Protocol):
         """Worker-wide degradation every task follows (R3)."""
 
     @property
-    def store(self) -> Store: ...
+    def store(self) -> WorkerStore: ...
 
     @property
     def inbox(self) -> Inbox: ...

@@ -15,7 +15,7 @@ from tether.errors import InboxFull, InvalidInput
 from tether.model import EmitReceipt, Event, Priority, Status, check_task_id, to_plain
 from tether.protocol import CONTROL_EVENTS, InterruptionProtocol
 from tether.settings import Settings
-from tether.store import InboxLimits, Store
+from tether.store import InboxLimits, WorkerStore
 
 MAX_NAME = 200
 """Longest event type or ``source_event_id`` accepted (they are stored and indexed)."""
@@ -30,7 +30,7 @@ REOPENS = {
 class Inbox:
     """The sending side: validate, classify and durably store events."""
 
-    def __init__(self, store: Store, protocol: InterruptionProtocol, settings: Settings,
+    def __init__(self, store: WorkerStore, protocol: InterruptionProtocol, settings: Settings,
                  counters: Counter[str] | None = None) -> None:
         self.store = store
         self.protocol = protocol

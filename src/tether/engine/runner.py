@@ -89,7 +89,7 @@ class Runner:
         self._stopping = False
         self.preemptible = Preemptible()
         self._rows: list[HistoryRow] = []
-        self._events_done: list[tuple[int, str]] = []
+        self._events_done: list[tuple[int, EventStatus]] = []
         self._idempotency: list[IdempotencyRecord] = []
         self._log: list[dict[str, Any]] = []
         self._unsaved_steps = 0

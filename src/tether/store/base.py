@@ -24,7 +24,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from tether.model import EmitReceipt, Event, IdempotencyRecord, Status, TaskRecord
+from tether.model import EmitReceipt, Event, EventStatus, IdempotencyRecord, Status, TaskRecord
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class Checkpoint:
     head: bytes
     status: Status
     history: list[HistoryRow] = field(default_factory=list)
-    events_done: list[tuple[int, str]] = field(default_factory=list)
+    events_done: list[tuple[int, EventStatus]] = field(default_factory=list)
     """(event id, what became of it: applied, ignored, coalesced)."""
     idempotency: list[IdempotencyRecord] = field(default_factory=list)
     recovery_log: list[dict[str, Any]] = field(default_factory=list)
@@ -87,7 +87,7 @@ class StoredEvent:
 
     event: Event
     priority: int
-    status: str
+    status: EventStatus
     coalesce: str | None
 
 

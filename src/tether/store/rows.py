@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from tether.model import Event, IdempotencyRecord, OutcomeStatus, Status, TaskRecord
+from tether.model import Event, EventStatus, IdempotencyRecord, OutcomeStatus, Status, TaskRecord
 from tether.store.base import StoredEvent
 
 
@@ -38,7 +38,8 @@ def stored_event(row: Row) -> StoredEvent:
     event = Event(type=row["type"], task_id=row["task_id"], payload=orjson.loads(row["payload"]),
                   priority=priority, source_event_id=row["source_event_id"], id=int(row["id"]),
                   created_at=row["created_at"])
-    return StoredEvent(event, priority=priority, status=row["status"], coalesce=row["coalesce_class"])
+    return StoredEvent(event, priority=priority, status=EventStatus(row["status"]),
+                       coalesce=row["coalesce_class"])
 
 
 def idempotency_record(row: Row) -> IdempotencyRecord:

@@ -11,7 +11,7 @@ from tether.errors import (
     TaskClosed,
     TaskNotFound,
 )
-from tether.model import IdempotencyRecord, OutcomeStatus, Status
+from tether.model import EventStatus, IdempotencyRecord, OutcomeStatus, Status
 from tether.store.base import Store
 from tether.store.conformance.helpers import (
     LEASE,
@@ -87,7 +87,7 @@ class InboxConformance:
         await make_task(store, "t1")
         first = await store.add_event(event("t1", source_event_id="x"), 1, limits(), now)
         lease = await claim(store, "t1", now)
-        await commit(store, lease, Status.RUNNING, now, events_done=[(first.event_id, "applied")])
+        await commit(store, lease, Status.RUNNING, now, events_done=[(first.event_id, EventStatus.APPLIED)])
         assert await store.pending_events("t1") == []
         again = await store.add_event(event("t1", source_event_id="x"), 1, limits(), now + 60)
         assert again.accepted is False and again.outcome == "duplicate"
@@ -188,7 +188,7 @@ class InboxConformance:
         assert len(await store.pending_events("t1")) == 3
         # the refused event was not remembered: it is accepted once the inbox drains
         lease = await claim(store, "t1", now)
-        done = [(e.event.id, "applied") for e in await store.pending_events("t1")
+        done = [(e.event.id, EventStatus.APPLIED) for e in await store.pending_events("t1")
                 if e.event.id is not None]
         await commit(store, lease, Status.RUNNING, now, events_done=done)
         retried = await store.add_event(event("t1", "heartbeat", 3, source_event_id="hb"), 4, low, now)
@@ -278,7 +278,7 @@ class InboxConformance:
             ids.append(receipt.event_id)
         lease = await claim(store, "t1", now)
         await commit(store, lease, Status.RUNNING, now,
-                     events_done=[(ids[0], "applied"), (ids[1], "ignored")])
+                     events_done=[(ids[0], EventStatus.APPLIED), (ids[1], EventStatus.IGNORED)])
         assert [e.event.id for e in await store.pending_events("t1")] == [ids[2]]
         statuses = [e.status for e in await store.list_events("t1")]
         assert statuses == ["applied", "ignored", "pending"]

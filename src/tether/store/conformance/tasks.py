@@ -12,7 +12,7 @@ from tether.errors import (
     TetherError,
     VersionNotFound,
 )
-from tether.model import IdempotencyRecord, OutcomeStatus, Snapshot, Status, TaskRecord
+from tether.model import EventStatus, IdempotencyRecord, OutcomeStatus, Snapshot, Status, TaskRecord
 from tether.store.base import Checkpoint, Claim, HistoryRow, Store
 from tether.store.conformance.helpers import (
     KEEP,
@@ -290,7 +290,7 @@ class TaskConformance:
             head=head("t1", Status.COMPLETED, 7),
             status=Status.COMPLETED,
             history=[HistoryRow(0, 1, {"role": "assistant", "content": "late"})],
-            events_done=[(pending.event.id, "applied")],
+            events_done=[(pending.event.id, EventStatus.APPLIED)],
             idempotency=[IdempotencyRecord("t1:f:1", "t1", "pay", "h", OutcomeStatus.SUCCEEDED, 1)],
             recovery_log=[{"task_id": "t1", "resume_strategy": "late"}],
             reason="stale",
