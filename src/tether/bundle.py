@@ -8,24 +8,28 @@ from typing import Any
 
 import orjson
 
-from tether import blobs
 from tether.errors import CorruptSnapshot
 from tether.model import Snapshot, TaskRecord
-from tether.store import Store
+from tether.reading import TaskReader
+from tether.store import ReadStore
 
 BUNDLE_FORMAT = 1
 
 
-async def export_bundle(store: Store, task_id: str) -> dict[str, Any]:
-    """Snapshot, dialog, failure reasons, events, idempotency records and recovery log."""
-    record = await store.get_task(task_id)
-    version, data = await store.load_head(task_id)
+async def export_bundle(store: ReadStore, task_id: str) -> dict[str, Any]:
+    """Snapshot, dialog, failure reasons, events, idempotency records and recovery log.
+
+    Everything is read through a :class:`TaskReader`: a bundle is what a person sees, and
+    exporting one must not be able to change the task."""
+    reads = TaskReader(store)
+    record = await reads.task(task_id)
+    version, data = await reads.head(task_id)
     try:
-        data = await blobs.resolve(store, data, task_id, version)
+        data = await reads.whole(task_id, version, data)
         snap = Snapshot.loads(data, task_id, version)
     except CorruptSnapshot as error:
-        return await _bundle_without_snapshot(store, record, str(error))
-    history = await store.read_history(task_id, snap.history_segments)
+        return await _bundle_without_snapshot(reads, record, str(error))
+    history = await reads.history(task_id, snap.history_segments)
     return {
         "format": BUNDLE_FORMAT,
         "exported_at": time.time(),
@@ -38,14 +42,14 @@ async def export_bundle(store: Store, task_id: str) -> dict[str, Any]:
         "code_versions": code_versions(history[: snap.history_len]),
         "versions": [
             {"version": v, "created_at": at, "bytes": size}
-            for v, at, size in await store.list_versions(task_id)
+            for v, at, size in await reads.versions(task_id)
         ],
         "events": [
             {**stored.event.to_dict(), "status": stored.status, "coalesce": stored.coalesce}
-            for stored in await store.list_events(task_id)
+            for stored in await reads.events(task_id)
         ],
-        "idempotency": [asdict(r) for r in await store.list_idempotency(task_id)],
-        "recovery_log": await store.list_recovery_log(task_id),
+        "idempotency": [asdict(r) for r in await reads.calls(task_id)],
+        "recovery_log": await reads.recovery_log(task_id),
     }
 
 
@@ -61,7 +65,8 @@ def code_versions(history: list[dict[str, Any]]) -> dict[str, list[str]]:
     return {"agents": list(agents), "tools": list(tools)}
 
 
-async def _bundle_without_snapshot(store: Store, record: TaskRecord, error: str) -> dict[str, Any]:
+async def _bundle_without_snapshot(reads: TaskReader, record: TaskRecord,
+                                   error: str) -> dict[str, Any]:
     """What can still be said about a task whose snapshots are all unreadable."""
     task_id = record.task_id
     return {
@@ -70,9 +75,9 @@ async def _bundle_without_snapshot(store: Store, record: TaskRecord, error: str)
         "task": {**asdict(record), "status": record.status.value},
         "reason": record.reason,
         "snapshot_error": error,
-        "events": [stored.event.to_dict() for stored in await store.list_events(task_id)],
-        "idempotency": [asdict(r) for r in await store.list_idempotency(task_id)],
-        "recovery_log": await store.list_recovery_log(task_id),
+        "events": [stored.event.to_dict() for stored in await reads.events(task_id)],
+        "idempotency": [asdict(r) for r in await reads.calls(task_id)],
+        "recovery_log": await reads.recovery_log(task_id),
     }
 
 

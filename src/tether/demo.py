@@ -118,7 +118,7 @@ async def _refund(harness: tt.Harness, console: Console, outcome: DemoOutcome,
                 break
             await harness.run_until_idle(timeout=30)
             await asyncio.sleep(0.1)
-        strategies = [r["resume_strategy"] for r in await harness.store.list_recovery_log(task_id)]
+        strategies = [r["resume_strategy"] for r in await harness.reads.recovery_log(task_id)]
         counts = {str(o["id"]): ledger.count(str(o["id"])) for o in ORDERS}
     finally:
         ledger.close()

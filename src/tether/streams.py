@@ -35,6 +35,7 @@ import orjson
 
 from tether.errors import ConfigurationError, InboxFull, StoreError, TetherError
 from tether.model import Event
+from tether.reading import TaskReader
 
 try:
     import redis.asyncio as aioredis
@@ -44,17 +45,18 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 if TYPE_CHECKING:
     from tether.harness import Harness
-    from tether.store import Store
+    from tether.store import ReadStore
 
 log = logging.getLogger("tether.streams")
 DONE = frozenset({"applied", "coalesced", "ignored", "duplicate", "failed"})
 
 
 async def send(url: str, event: Event, stream: str = "tether:events",
-               durable_in: Store | None = None, timeout: float = 10.0) -> str:
+               durable_in: ReadStore | None = None, timeout: float = 10.0) -> str:
     """XADD *event*; returns the entry id. Redis having it is not durability (it may keep
     nothing on disk): with *durable_in* (the tether store), return only once an ingest has
-    stored the event there, and raise :class:`StoreError` if none does within *timeout*."""
+    stored the event there, and raise :class:`StoreError` if none does within *timeout*.
+    The store is only read, through a :class:`TaskReader`: a sender only has to look."""
     client = aioredis.from_url(url)
     try:
         fields = {"event": orjson.dumps({k: v for k, v in event.to_dict().items()
@@ -64,14 +66,14 @@ async def send(url: str, event: Event, stream: str = "tether:events",
     finally:
         await client.aclose()
     if durable_in is not None:
-        await _until_stored(durable_in, event.task_id,
+        await _until_stored(TaskReader(durable_in), event.task_id,
                             event.source_event_id or f"redis:{stream}:{entry}", timeout)
     return entry
 
 
-async def _until_stored(store: Store, task_id: str, source_id: str, timeout: float) -> None:
+async def _until_stored(reads: TaskReader, task_id: str, source_id: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    while not any(e.event.source_event_id == source_id for e in await store.list_events(task_id)):
+    while not any(e.event.source_event_id == source_id for e in await reads.events(task_id)):
         if time.monotonic() > deadline:
             raise StoreError(f"event {source_id} for task {task_id} is in Redis but no worker"
                              f" stored it within {timeout}s; is a worker running with --events?")
@@ -170,7 +172,7 @@ class StreamIngest:
         status: dict[int, str] = {}
         for task_id in {task for task, _ in self.waiting.values()}:  # one read per task
             status.update((e.event.id or 0, e.status)
-                          for e in await self.harness.store.list_events(task_id))
+                          for e in await self.harness.reads.events(task_id))
         done = [entry_id for entry_id, (_, event_id) in self.waiting.items()
                 if status.get(event_id, "missing") in DONE | {"missing"}]
         if done:

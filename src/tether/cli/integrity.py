@@ -8,23 +8,22 @@ the typed snapshot) and reads the dialog of the newest readable one. Every probl
 named once more, since nothing can run it or roll it back. The command line prints the
 report (``tether check``); this module only finds.
 
-It only reads. Workers may run meanwhile: a version they prune between the listing and the
-loading is skipped, not reported.
+It only reads, through the harness's :class:`~tether.reading.TaskReader`. Workers may run
+meanwhile: a version they prune between the listing and the loading is skipped, not reported.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tether import blobs
 from tether.errors import CorruptSnapshot, SnapshotTooNew, TetherError, VersionNotFound
 from tether.model import Snapshot, TaskRecord
 
 if TYPE_CHECKING:
     from tether.harness import Harness
-    from tether.store.base import Store
+    from tether.reading import TaskReader
 
 ALL_TASKS = 2**62
 """The listing limit that means every task (the store lists newest first, up to a limit)."""
@@ -74,39 +73,41 @@ class Report:
 
 async def check_store(harness: Harness) -> Report:
     """Check the harness's store; raises :class:`StoreUnreachable` only if it cannot be
-    opened or read at all (every other failure is a problem in the report)."""
+    opened or read at all (every other failure is a problem in the report).
+
+    It takes the harness, not its :attr:`~tether.harness.Harness.reads`, because opening the
+    store is part of the check: a store that cannot be opened is reported as unreachable
+    (``tether check`` exits 2), not raised as whatever the backend raised."""
     report = Report()
     try:
-        store = harness.store
-        own_check: Callable[[], Awaitable[list[str]]] | None = getattr(
-            store, "integrity_check", None)
-        found = await own_check() if own_check is not None else None
+        reads = harness.reads
+        found = await reads.integrity_check()
     except Exception as exc:
         raise StoreUnreachable(f"cannot open the store: {_reason(exc)}") from exc
     if found is not None:
         report.store_checked = True
         report.problems += [Problem(str(line)) for line in found]
     try:
-        tasks = await store.list_tasks(None, limit=ALL_TASKS)
+        tasks = await reads.tasks(None, limit=ALL_TASKS)
     except Exception as exc:
         if found is None:  # nothing has been read from the store yet: it is not there
             raise StoreUnreachable(f"cannot read the store: {_reason(exc)}") from exc
         report.problems.append(Problem(f"the task list cannot be read: {_reason(exc)}"))
         return report
     for record in tasks:
-        await _check_task(store, record, report)
+        await _check_task(reads, record, report)
     report.tasks = len(tasks)
     return report
 
 
-async def _check_task(store: Store, record: TaskRecord, report: Report) -> None:
+async def _check_task(reads: TaskReader, record: TaskRecord, report: Report) -> None:
     task_id = record.task_id
 
     def problem(what: str, version: int | None = None) -> None:
         report.problems.append(Problem(what, task_id, version))
 
     try:
-        kept = [version for version, _, _ in await store.list_versions(task_id)]
+        kept = [version for version, _, _ in await reads.versions(task_id)]
     except Exception as exc:
         problem(f"its versions cannot be listed: {_reason(exc)}")
         report.unreadable.append(task_id)
@@ -114,7 +115,7 @@ async def _check_task(store: Store, record: TaskRecord, report: Report) -> None:
     newest: tuple[int, Snapshot] | None = None
     for version in kept:
         try:
-            snap = await _load(store, task_id, version)
+            snap = await _load(reads, task_id, version)
         except VersionNotFound:
             continue  # pruned by a worker's commit since the listing
         except Exception as exc:
@@ -124,7 +125,7 @@ async def _check_task(store: Store, record: TaskRecord, report: Report) -> None:
         report.versions += 1
         newest = (version, snap)
     try:
-        await store.load_head(task_id)  # through the task row, as every worker reads it
+        await reads.head(task_id)  # through the task row, as every worker reads it
     except VersionNotFound:
         if not report.store_checked:  # else the store's own check said so already
             problem(f"its task row points at version {record.head_version}, which is not kept"
@@ -136,20 +137,20 @@ async def _check_task(store: Store, record: TaskRecord, report: Report) -> None:
                 " back to" + ("" if kept else " (no version is kept)"))
         report.unreadable.append(task_id)
         return
-    await _check_dialog(store, task_id, *newest, problem)
+    await _check_dialog(reads, task_id, *newest, problem)
 
 
-async def _load(store: Store, task_id: str, version: int) -> Snapshot:
+async def _load(reads: TaskReader, task_id: str, version: int) -> Snapshot:
     """Load one version as a runner or a rollback would: head, large values, typed snapshot."""
-    _, head = await store.load_head(task_id, version)
-    return Snapshot.loads(await blobs.resolve(store, head, task_id, version), task_id, version)
+    _, head = await reads.head(task_id, version)
+    return Snapshot.loads(await reads.whole(task_id, version, head), task_id, version)
 
 
-async def _check_dialog(store: Store, task_id: str, version: int, snap: Snapshot,
+async def _check_dialog(reads: TaskReader, task_id: str, version: int, snap: Snapshot,
                         problem: Callable[[str, int | None], None]) -> None:
     """The newest readable version's dialog is all there and every row reads."""
     try:
-        rows = await store.read_history(task_id, snap.history_segments)
+        rows = await reads.history(task_id, snap.history_segments)
     except Exception as exc:
         problem(f"its dialog cannot be read: {_reason(exc)}", version)
         return

@@ -93,14 +93,14 @@ LEVERS = (emit, resume, decide, rollback, cancel)
 async def report_lever(harness: tt.Harness, task_id: str, receipt: tt.EmitReceipt,
                        what: str) -> None:
     """Say what became of a lever: applied (and the status now), queued, or refused and why."""
-    event = next(e for e in await harness.store.list_events(task_id)
+    event = next(e for e in await harness.reads.events(task_id)
                  if e.event.id == receipt.event_id)
     info = await harness.get(task_id)
     if event.status == "pending":
         echo(f"{task_id}: {what} queued; the worker holding the task applies it at its next"
              f" step (now {info.record.status.value})")
         return
-    records = [r for r in await harness.store.list_recovery_log(task_id)
+    records = [r for r in await harness.reads.recovery_log(task_id)
                if r.get("event_id") == receipt.event_id]
     outcome = records[-1] if records else None
     if event.status == "failed" or (outcome and outcome["resume_strategy"].endswith(

@@ -240,7 +240,7 @@ async def submit(harness: tt.Harness, agent: str, input_json: str | None, task_i
 @harness_command
 async def list_tasks(harness: tt.Harness, status: str | None, as_json: bool) -> None:
     """List tasks, newest first."""
-    records = await harness.store.list_tasks(tt.Status(status) if status else None)
+    records = await harness.reads.tasks(tt.Status(status) if status else None)
     if as_json:
         print_json([{**plain(r), "status": r.status.value} for r in records])
         return
@@ -279,7 +279,7 @@ async def show(harness: tt.Harness, task_id: str, as_json: bool) -> None:
     if snap.degraded or snap.worker_degraded:
         say("degraded: ", snap.degraded or snap.worker_degraded)
     for depth, frame in enumerate(snap.stack):
-        todo = f" to-do: {', '.join(str(a.get('kind')) for a in frame.agenda)}" \
+        todo = f" to-do: {', '.join(entry.kind for entry in frame.agenda)}" \
             if frame.agenda else ""
         say(f"{'  ' * depth}└─ ", frame.agent, f" (steps {frame.steps})", todo)
     if snap.call:
@@ -313,7 +313,7 @@ async def history(harness: tt.Harness, task_id: str, as_json: bool) -> None:
 @harness_command
 async def versions(harness: tt.Harness, task_id: str, as_json: bool) -> None:
     """Kept snapshot versions (R14)."""
-    kept = await harness.store.list_versions(tt.model.check_task_id(task_id))
+    kept = await harness.reads.versions(tt.model.check_task_id(task_id))
     if as_json:
         print_json([{"version": v, "created_at": at, "bytes": size} for v, at, size in kept])
         return

@@ -90,7 +90,7 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
         session = session_of(request)
         if session is None:
             return sign_in_page(request)
-        counts = await harness.store.count_by_status()
+        counts = await harness.reads.counts()
         return page("tasks.html", request, session, tasks=await _listing(harness, status),
                     status=status.value if status else "", total=sum(counts.values()),
                     counts=[(s.value, counts[s.value]) for s in ORDER if s.value in counts])
@@ -141,14 +141,14 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
         if session is None:
             return RedirectResponse("/console", 303)
         info = await harness.get(task_id)
-        store = harness.store
+        reads = harness.reads
         call = info.snapshot.call
         return page("task.html", request, session, record=info.record, snap=info.snapshot,
                     version=info.version, history=await harness.history(task_id),
-                    versions=[{"version": v} for v, _, _ in await store.list_versions(task_id)],
-                    events=await store.list_events(task_id),
-                    calls=await store.list_idempotency(task_id),
-                    recoveries=await store.list_recovery_log(task_id),
+                    versions=[{"version": v} for v, _, _ in await reads.versions(task_id)],
+                    events=await reads.events(task_id),
+                    calls=await reads.calls(task_id),
+                    recoveries=await reads.recovery_log(task_id),
                     in_doubt=info.record.status is Status.NEEDS_HUMAN and call is not None
                     and call.status == "started",
                     describe=_describe, detail=_detail)
@@ -232,12 +232,12 @@ def _refused(message: str) -> Response:
 
 
 async def _listing(harness: Harness, status: Status | None) -> list[Any]:
-    records = await harness.store.list_tasks(status, limit=500)
+    records = await harness.reads.tasks(status, limit=500)
     return sorted(records, key=lambda r: (ORDER.index(r.status), -r.updated_at))
 
 
 async def _pretty(harness: Harness, task_id: str, version: int) -> list[str]:
-    _, head = await harness.store.load_head(task_id, version)
+    _, head = await harness.reads.head(task_id, version)
     return orjson.dumps(orjson.loads(head), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS
                         ).decode().splitlines()
 

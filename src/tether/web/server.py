@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 import orjson
 
-from tether.engine.events import MAX_NAME
+from tether.engine.inbox import MAX_NAME
 from tether.engine.timers import MAX_AHEAD
 from tether.errors import (
     ConfigurationError,
@@ -236,8 +236,8 @@ def create_app(harness: Harness, config: ServerConfig) -> FastAPI:
     @app.get("/api/tasks")
     async def list_tasks(status: Status | None = None,
                          limit: int = Query(100, ge=1, le=1000)) -> dict[str, Any]:
-        records = await harness.store.list_tasks(status, limit)
-        return {"counts": await harness.store.count_by_status(),
+        records = await harness.reads.tasks(status, limit)
+        return {"counts": await harness.reads.counts(),
                 "tasks": [_record(r) for r in records]}
 
     @app.get("/api/tasks/{task_id}")
@@ -254,20 +254,20 @@ def create_app(harness: Harness, config: ServerConfig) -> FastAPI:
 
     @app.get("/api/tasks/{task_id}/versions")
     async def versions(task_id: str) -> list[dict[str, Any]]:
-        await harness.store.get_task(task_id)
+        await harness.reads.task(task_id)
         return [{"version": v, "created_at": at, "bytes": size}
-                for v, at, size in await harness.store.list_versions(task_id)]
+                for v, at, size in await harness.reads.versions(task_id)]
 
     @app.get("/api/tasks/{task_id}/events")
     async def events(task_id: str) -> list[dict[str, Any]]:
-        await harness.store.get_task(task_id)
+        await harness.reads.task(task_id)
         return [{**e.event.to_dict(), "status": e.status, "coalesce": e.coalesce}
-                for e in await harness.store.list_events(task_id)]
+                for e in await harness.reads.events(task_id)]
 
     @app.get("/api/tasks/{task_id}/recovery")
     async def recovery_log(task_id: str) -> list[dict[str, Any]]:
-        await harness.store.get_task(task_id)
-        return await harness.store.list_recovery_log(task_id)
+        await harness.reads.task(task_id)
+        return await harness.reads.recovery_log(task_id)
 
     @app.get("/api/tasks/{task_id}/bundle")
     async def bundle(task_id: str) -> dict[str, Any]:
@@ -276,8 +276,8 @@ def create_app(harness: Harness, config: ServerConfig) -> FastAPI:
     @app.get("/metrics")
     async def metrics() -> Response:
         """Prometheus text format: this process's counters, and the store's gauges."""
-        body = render_metrics(harness.counters, await harness.store.count_by_status(),
-                              await harness.store.count_pending_events())
+        body = render_metrics(harness.counters, await harness.reads.counts(),
+                              await harness.reads.inbox_depth())
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/api/tasks", status_code=201)
