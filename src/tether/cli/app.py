@@ -7,9 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import getpass
-import importlib
 import os
-import sys
 from collections.abc import Callable, Coroutine
 from datetime import datetime
 from typing import Any, TypeVar
@@ -18,6 +16,7 @@ import click
 import orjson
 
 import tether as tt
+from tether.apps import load_harness
 from tether.cli.render import error
 
 T = TypeVar("T")
@@ -25,27 +24,12 @@ DEFAULT_APP = "tether.examples:demo_app"
 
 
 def load_app(spec: str, store: str, store_given: bool = True) -> tt.Harness:
-    """Import ``module:attribute``: a Harness, or a factory called with the store URL.
-
-    A Harness keeps the store it was built with unless ``--store``/``TETHER_STORE`` is given.
-    """
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise click.UsageError(f"--app {spec!r} must look like 'package.module:harness'")
-    sys.path.insert(0, os.getcwd())
+    """The application's harness (see :func:`tether.apps.load_harness`); a spec that names
+    no harness is a usage error of the command line."""
     try:
-        target = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise click.UsageError(f"cannot load app {spec!r}: {exc}") from exc
-    if isinstance(target, tt.Harness):
-        if store_given:
-            target.use_store(store)
-        return target
-    if callable(target):
-        harness = target(store)
-        if isinstance(harness, tt.Harness):
-            return harness
-    raise click.UsageError(f"app {spec!r} is neither a tether.Harness nor a factory returning one")
+        return load_harness(spec, store, store_given)
+    except tt.ConfigurationError as exc:
+        raise click.UsageError(str(exc)) from exc
 
 
 def app_harness(ctx: click.Context) -> tt.Harness:

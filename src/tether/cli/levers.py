@@ -13,6 +13,8 @@ import tether as tt
 from tether.cli.app import harness_command, json_arg, who
 from tether.cli.render import echo
 from tether.engine.decisions import DECISIONS
+from tether.model import EventStatus
+from tether.strategies import Strategy
 
 
 @click.command()
@@ -96,15 +98,19 @@ async def report_lever(harness: tt.Harness, task_id: str, receipt: tt.EmitReceip
     event = next(e for e in await harness.reads.events(task_id)
                  if e.event.id == receipt.event_id)
     info = await harness.get(task_id)
-    if event.status == "pending":
+    if event.status == EventStatus.PENDING:
         echo(f"{task_id}: {what} queued; the worker holding the task applies it at its next"
              f" step (now {info.record.status.value})")
         return
     records = [r for r in await harness.reads.recovery_log(task_id)
                if r.get("event_id") == receipt.event_id]
     outcome = records[-1] if records else None
-    if event.status == "failed" or (outcome and outcome["resume_strategy"].endswith(
-            ("_failed", "_refused", "_ignored"))):
+    if event.status == EventStatus.FAILED or (outcome and _refused(outcome["resume_strategy"])):
         detail = outcome["detail"] if outcome else event.status
         raise tt.TetherError(f"task {task_id}: {what} was not applied: {detail}")
     echo(f"{task_id}: {what} applied; now {info.record.status.value} at version {info.version}")
+
+
+def _refused(strategy: str) -> bool:
+    """Whether a recovery record says a lever was refused, failed or ignored."""
+    return strategy in tuple(Strategy) and Strategy(strategy).is_refusal

@@ -29,6 +29,7 @@ from typing import Any
 import orjson
 
 import tether as tt
+from tether import apps
 from tether.testing.faults import FaultPlan, Ledger, install
 
 SETTLED = frozenset({tt.Status.COMPLETED, tt.Status.FAILED, tt.Status.CANCELLED,
@@ -77,9 +78,7 @@ class Target:
 
 def load_harness(app: str, store: str) -> tt.Harness:
     """A fresh harness of *app* on *store*: a factory is called, a Harness gets the store."""
-    from tether.cli.app import load_app
-
-    harness = load_app(app, store, store_given=True)
+    harness = apps.load_harness(app, store, store_given=True)
     harness.settings = harness.settings.replace(**FAST)
     return harness
 

@@ -20,6 +20,7 @@ from urllib.parse import quote
 
 import orjson
 
+from tether.engine.decisions import DECISIONS
 from tether.engine.timers import local_time
 from tether.errors import TetherError
 from tether.harness import Harness
@@ -51,7 +52,6 @@ from tether.web.sessions import (
 
 ORDER = [Status.NEEDS_HUMAN, Status.RUNNING, Status.PAUSED, Status.WAITING, Status.PENDING,
          Status.FAILED, Status.COMPLETED, Status.CANCELLED]
-DECISIONS = ("happened", "not_happened", "skip")
 _templates = Environment(loader=PackageLoader("tether.web", "templates"),
                          autoescape=select_autoescape(["html"]))
 
