@@ -590,4 +590,5 @@ class IdempotencyRecord:
     updated_at: float = 0.0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "status", OutcomeStatus(self.status))  # as a store read it
+        if type(self.status) is not OutcomeStatus:  # as a store read it
+            object.__setattr__(self, "status", OutcomeStatus(self.status))

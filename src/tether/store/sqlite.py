@@ -112,6 +112,8 @@ class SQLiteStore(SQLBackend):
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open SQLite store at {path!r}: {exc}") from exc
         sqlite_schema.prepare(self._db, path, synchronous, busy_timeout_ms, self.damage)
+        self._db.row_factory = sqlite3.Row  # rows are read by column name
+        self._execute = functools.partial(_execute, self._db)
         self._group = GroupCommit(self._db, path)
 
     # ------------------------------------------------------------------ plumbing
@@ -123,7 +125,8 @@ class SQLiteStore(SQLBackend):
 
     def _run(self, db: sqlite3.Connection, work: Steps[T]) -> T:
         """Carry out shared steps on *db*, synchronously (nothing interleaves with them)."""
-        return steps.run(work, functools.partial(_execute, db), self._missing)
+        return steps.run(work, self._execute if db is self._db else functools.partial(_execute, db),
+                         self._missing)
 
     async def _read(self, work: Steps[T]) -> T:
         return self._run(self._db, work)
@@ -155,7 +158,7 @@ class SQLiteStore(SQLBackend):
                     busy: Collection[str] = ()) -> Claim | None:
         """Find candidates with a plain read, then take the first still free under the lock."""
         params = {"now": now, "busy": orjson.dumps(list(busy)).decode()}
-        found = [row for query in _CANDIDATES for row in _cursor(self._db).execute(query, params)]
+        found = [row for query in _CANDIDATES for row in self._db.execute(query, params)]
         candidates = [row["task_id"] for row in sorted(found, key=lambda row: row["due"])[:8]]
         if not candidates:
             return None
@@ -183,7 +186,10 @@ class SQLiteStore(SQLBackend):
     def _check_fence(self, db: sqlite3.Connection, claim: Claim) -> tuple[Any, ...]:
         """The one fence check of every write under a lease: the task's (head_version, status,
         wake_at, lease_until) if *claim* still holds it, else LeaseLost."""
-        row = self._run(db, steps.fence(claim))
+        try:  # on every step: read directly, decided by the shared check
+            row = steps.fenced(claim, db.execute(q.FENCE, (claim.task_id,)).fetchone())
+        except steps.Missing as gone:
+            raise self._missing(gone.task_id) from None
         return row["head_version"], row["status"], row["wake_at"], row["lease_until"]
 
     async def renew(self, claim: Claim, until: float) -> None:
@@ -215,16 +221,19 @@ class SQLiteStore(SQLBackend):
         now = time.time()
         task_id = claim.task_id
         head, status, wake_at, held_until = self._check_fence(db, claim)
-        version = self._run(db, steps.next_version(task_id, int(head)))
+        version = steps.version_after(int(head), db.execute(q.NEWEST_VERSION, (task_id,)).fetchone())
         _put_head(db, task_id, version, keep, checkpoint.head, now)
         failpoint("mid_checkpoint")
-        self._run(db, steps.checkpoint_rows(task_id, checkpoint, now))
-        _update_task(db, task_id, version, checkpoint, (status, wake_at, held_until), (now, lease_until))
-        self._run(db, steps.settle_inbox(task_id, checkpoint.status, now, checkpoint.wake_at))
+        for batch in steps.checkpoint_batches(task_id, checkpoint, now):  # the hot path: direct
+            db.executemany(batch.sql, batch.params)
+        db.execute(*_update_task(task_id, version, checkpoint, (status, wake_at, held_until),
+                                 (now, lease_until)))
+        if steps.stranded_wake(checkpoint.status, checkpoint.wake_at, now) is not None:
+            self._run(db, steps.settle_inbox(task_id, checkpoint.status, now, checkpoint.wake_at))
         return version
 
     async def load_blobs(self, digests: Collection[str]) -> dict[str, bytes]:
-        return rows.blobs(_cursor(self._db).execute(_BLOBS, (orjson.dumps(list(digests)).decode(),)))
+        return rows.blobs(self._db.execute(_BLOBS, (orjson.dumps(list(digests)).decode(),)))
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -240,21 +249,13 @@ class SQLiteStore(SQLBackend):
         self._db.close()
 
 
-def _cursor(db: sqlite3.Connection) -> sqlite3.Cursor:
-    """A cursor whose rows are read by column name."""
-    cursor = db.cursor()
-    cursor.row_factory = sqlite3.Row
-    return cursor
-
-
 def _execute(db: sqlite3.Connection, statement: Statement | Notify) -> Any:
     """One statement of the shared steps (their ``?`` placeholders are SQLite's own)."""
     if isinstance(statement, Notify):
         return None  # nobody to tell: idle SQLite workers look again (wait_for_work)
-    cursor = _cursor(db)
     if statement.many:
-        return cursor.executemany(statement.sql, statement.params).rowcount
-    cursor.execute(statement.sql, statement.params)
+        return db.executemany(statement.sql, statement.params).rowcount
+    cursor = db.execute(statement.sql, statement.params)
     if statement.result == "one":
         return cursor.fetchone()
     if statement.result == "all":
@@ -265,7 +266,7 @@ def _execute(db: sqlite3.Connection, statement: Statement | Notify) -> Any:
 def _take(db: sqlite3.Connection, task: TaskRecord, worker: str, now: float, lease: float) -> Claim:
     """Lease *task* to *worker*: a new fence, and a crash counted if its holder never let go."""
     crashed = task.lease_owner is not None and task.status.value not in q.FINISHED
-    row = _cursor(db).execute(_TAKE, (worker, now + lease, int(crashed), task.task_id)).fetchone()
+    row = db.execute(_TAKE, (worker, now + lease, int(crashed), task.task_id)).fetchone()
     return Claim(task.task_id, int(row["fence"]), crashed=crashed, crashes=int(row["crashes"]))
 
 
@@ -284,8 +285,8 @@ def _put_head(db: sqlite3.Connection, task_id: str, version: int, keep: int, hea
         db.execute(q.DROP_SNAPSHOTS_TO, (task_id, version - keep))
 
 
-def _update_task(db: sqlite3.Connection, task_id: str, version: int, checkpoint: Checkpoint,
-                 current: tuple[Any, Any, Any], times: tuple[float, float]) -> None:
+def _update_task(task_id: str, version: int, checkpoint: Checkpoint,
+                 current: tuple[Any, Any, Any], times: tuple[float, float]) -> tuple[str, Any]:
     """Point the task at its new head, touching the indexed columns only when they change.
 
     Setting an indexed column rewrites its index page even to the same value, and every
@@ -302,5 +303,5 @@ def _update_task(db: sqlite3.Connection, task_id: str, version: int, checkpoint:
     if held_until is None or held_until < lease_until - (lease_until - now) / 3:
         columns["lease_until"] = lease_until
     assignments = ", ".join(f"{name} = ?" for name in columns)
-    db.execute(f"UPDATE tasks SET {assignments}, crashes = crashes * ? WHERE task_id = ?",
-               (*columns.values(), int(not checkpoint.progress), task_id))
+    return (f"UPDATE tasks SET {assignments}, crashes = crashes * ? WHERE task_id = ?",
+            (*columns.values(), int(not checkpoint.progress), task_id))

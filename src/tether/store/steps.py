@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import orjson
 
@@ -36,9 +36,9 @@ OPEN_END = 1 << 62
 """The last sequence number of a history segment that runs to the end of its epoch."""
 
 
-@dataclass(frozen=True)
-class Statement:
-    """One statement an algorithm wants run, with ``?`` placeholders."""
+class Statement(NamedTuple):
+    """One statement an algorithm wants run, with ``?`` placeholders (a named tuple: one is
+    made for every statement a step runs, so it must be cheap to build)."""
 
     sql: str
     params: Sequence[Any] = ()
@@ -174,6 +174,11 @@ def fence(claim: Claim) -> Steps[rows.Row]:
     """Lock the task's row and check that *claim* still holds it; returns the row
     (:data:`tether.store.queries.FENCE`: fence, head_version, status, wake_at, lease_until)."""
     row: rows.Row | None = yield one(q.FENCE, claim.task_id, lock=True)
+    return fenced(claim, row)
+
+
+def fenced(claim: Claim, row: rows.Row | None) -> rows.Row:
+    """The task's row read by :data:`tether.store.queries.FENCE`, if *claim* still holds it."""
     if row is None:
         raise Missing(claim.task_id)
     if row["fence"] != claim.fence:
@@ -196,7 +201,13 @@ def next_version(task_id: str, head: int) -> Steps[int]:
     """The version number a new head gets: past the task's head and past every version kept,
     so a number is never reused, even after someone tampered with the rows."""
     row = yield one(q.NEWEST_VERSION, task_id)
-    return max(head, int(row["newest"] or 0)) + 1
+    return version_after(head, row)
+
+
+def version_after(head: int, newest: rows.Row) -> int:
+    """The next version number, given the task's head and the row of
+    :data:`tether.store.queries.NEWEST_VERSION`."""
+    return max(head, int(newest["newest"] or 0)) + 1
 
 
 def put_blobs(blobs: Mapping[str, bytes], now: float) -> Steps[None]:
@@ -206,21 +217,32 @@ def put_blobs(blobs: Mapping[str, bytes], now: float) -> Steps[None]:
 
 
 def checkpoint_rows(task_id: str, checkpoint: Checkpoint, now: float) -> Steps[None]:
+    """What one checkpoint adds beside its head (:func:`checkpoint_batches`), as steps."""
+    for statement in checkpoint_batches(task_id, checkpoint, now):  # noqa: UP028
+        yield statement  # not ``yield from`` a list: the drivers send each result back
+
+
+def checkpoint_batches(task_id: str, checkpoint: Checkpoint, now: float) -> list[Statement]:
     """What one checkpoint adds beside its head: large values, dialog rows, consumed events,
-    call records and the recovery log."""
-    yield from put_blobs(checkpoint.blobs, now)
+    call records and the recovery log. Plain statements (none needs a result), so the
+    SQLite store runs them on every step without the steps' round trips."""
+    batches = []
+    if checkpoint.blobs:
+        batches.append(change_many(q.INSERT_BLOB, [(digest, data, now)
+                                                   for digest, data in checkpoint.blobs.items()]))
     if checkpoint.history:
-        yield change_many(q.INSERT_HISTORY, [(task_id, r.epoch, r.seq, orjson.dumps(r.entry))
-                                             for r in checkpoint.history])
+        batches.append(change_many(q.INSERT_HISTORY, [
+            (task_id, r.epoch, r.seq, orjson.dumps(r.entry)) for r in checkpoint.history]))
     if checkpoint.events_done:
-        yield change_many(q.EVENT_DONE, [(disposition, now, event_id, task_id)
-                                         for event_id, disposition in checkpoint.events_done])
+        batches.append(change_many(q.EVENT_DONE, [
+            (disposition, now, event_id, task_id) for event_id, disposition in checkpoint.events_done]))
     if checkpoint.idempotency:
-        yield change_many(q.PUT_IDEMPOTENCY, [_idempotency_params(r, now)
-                                              for r in checkpoint.idempotency])
+        batches.append(change_many(q.PUT_IDEMPOTENCY, [_idempotency_params(r, now)
+                                                       for r in checkpoint.idempotency]))
     if checkpoint.recovery_log:
-        yield change_many(q.INSERT_RECOVERY, [(task_id, now, orjson.dumps(r))
-                                              for r in checkpoint.recovery_log])
+        batches.append(change_many(q.INSERT_RECOVERY, [(task_id, now, orjson.dumps(r))
+                                                       for r in checkpoint.recovery_log]))
+    return batches
 
 
 def _idempotency_params(record: IdempotencyRecord, now: float) -> tuple[Any, ...]:
