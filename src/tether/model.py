@@ -588,7 +588,3 @@ class IdempotencyRecord:
     error: str | None = None
     attempts: int = 0
     updated_at: float = 0.0
-
-    def __post_init__(self) -> None:
-        if type(self.status) is not OutcomeStatus:  # as a store read it
-            object.__setattr__(self, "status", OutcomeStatus(self.status))

@@ -19,7 +19,7 @@ from engine_double import (
     record_for,
 )
 
-from tether.engine import recovery
+from tether.engine import levers, recovery
 from tether.errors import IllegalTransition, InDoubtCall, InvalidInput, NotRetryable, VersionNotFound
 from tether.model import (
     CallStatus,
@@ -666,7 +666,7 @@ async def test_r21_a_resume_of_a_running_task_is_ignored() -> None:
     task = FakeTask(make_snap(), agents=[ScriptedAgent()])
     task.snap.recovery.attempts = 2
 
-    await recovery.human_resume(task, lever("resume", {"by": "ann"}))
+    await levers.human_resume(task, lever("resume", {"by": "ann"}))
 
     assert task.recovery_log == [(Strategy.RESUME_IGNORED, 9, task.recovery_log[0][2])]
     assert task.snap.status is Status.RUNNING and task.snap.recovery.attempts == 2
@@ -679,7 +679,7 @@ async def test_r26_a_resume_with_a_message_amends_a_running_task() -> None:
     task = FakeTask(make_snap(), agents=[ScriptedAgent()])
     task.snap.recovery.attempts = 2
 
-    await recovery.human_resume(task, lever("resume", {"message": "use the EU account",
+    await levers.human_resume(task, lever("resume", {"message": "use the EU account",
                                                        "frame_patch": {"region": "eu"}}))
 
     assert task.strategies == [Strategy.AMEND]
@@ -694,7 +694,7 @@ async def test_r10_a_plain_resume_is_refused_while_a_side_effect_is_in_doubt() -
     task = in_doubt_task(status=Status.NEEDS_HUMAN)
 
     with pytest.raises(InDoubtCall):
-        await recovery.human_resume(task, lever("resume", {"message": "go on"}))
+        await levers.human_resume(task, lever("resume", {"message": "go on"}))
 
     assert task.snap.status is Status.NEEDS_HUMAN and task.rows == []
     assert task.snap.call is not None and task.snap.call.status is CallStatus.STARTED
@@ -705,7 +705,7 @@ async def test_e8_a_resume_is_refused_while_a_call_of_a_vanished_tool_is_in_doub
     task = in_doubt_task(status=Status.NEEDS_HUMAN, tools=[])
 
     with pytest.raises(InDoubtCall):
-        await recovery.human_resume(task, lever("resume", {}))
+        await levers.human_resume(task, lever("resume", {}))
 
 
 async def test_r26_a_plain_resume_retries_the_failed_call_with_a_fresh_budget() -> None:
@@ -718,7 +718,7 @@ async def test_r26_a_plain_resume_retries_the_failed_call_with_a_fresh_budget() 
     snap.recovery.attempts = 3
     task = FakeTask(snap, tools=[make_tool(side_effect=True)], agents=[ScriptedAgent()])
 
-    await recovery.human_resume(task, lever("resume", {"by": "ann"}))
+    await levers.human_resume(task, lever("resume", {"by": "ann"}))
 
     assert snap.status is Status.RUNNING and snap.error is None
     assert snap.recovery.attempts == 0 and snap.budget_start == 7
@@ -733,7 +733,7 @@ async def test_r26_an_amended_resume_drops_the_failed_call_so_the_agent_plans_ag
     open_call(snap, status=CallStatus.FAILED, attempt=3)
     task = FakeTask(snap, tools=[make_tool()], agents=[ScriptedAgent()])
 
-    await recovery.human_resume(task, lever("resume", {"message": "try the other card"}))
+    await levers.human_resume(task, lever("resume", {"message": "try the other card"}))
 
     assert snap.call is None and [e.kind for e in snap.frame.agenda] == ["reply"]
     assert snap.status is Status.RUNNING
@@ -744,7 +744,7 @@ async def test_r26_resuming_a_waiting_task_ends_its_wait() -> None:
     """R26, R11: a person resuming a waiting task ends the wait with their resume."""
     task = waiting_task(ScriptedAgent(), due_at=time.time() + 100)
 
-    await recovery.human_resume(task, lever("resume", {"by": "ann"}))
+    await levers.human_resume(task, lever("resume", {"by": "ann"}))
 
     assert task.snap.status is Status.RUNNING and task.snap.frame.wait is None
     assert task.snap.frame.last_event == {"type": "resume", "payload": {"by": "ann"}}
@@ -756,7 +756,7 @@ async def test_r15_resuming_a_paused_task_keeps_its_armed_wait() -> None:
     snap.frame.wait = {"event_type": "approval", "due_at": None, "timeout": None}
     task = FakeTask(snap, agents=[ScriptedAgent()])
 
-    await recovery.human_resume(task, lever("resume", {}))
+    await levers.human_resume(task, lever("resume", {}))
 
     assert snap.status is Status.RUNNING and snap.frame.wait is not None
 
@@ -766,7 +766,7 @@ async def test_r10_resuming_with_an_idempotent_call_in_doubt_reruns_it() -> None
     crash, once the task runs again."""
     task = in_doubt_task(side_effect=False, status=Status.NEEDS_HUMAN)
 
-    await recovery.human_resume(task, lever("resume", {}))
+    await levers.human_resume(task, lever("resume", {}))
 
     assert task.strategies == [Strategy.HUMAN_RESUME, Strategy.RERUN_IDEMPOTENT]
     assert task.snap.call is not None and task.snap.call.status is CallStatus.PLANNED
@@ -790,7 +790,7 @@ async def test_r10_r26_decided_happened_records_the_result_without_running() -> 
     assert call is not None
     task.snap.error = "outcome unknown"
 
-    await recovery.human_decide(task, decide(task, "happened", result={"refund": "r1"}))
+    await levers.human_decide(task, decide(task, "happened", result={"refund": "r1"}))
 
     assert task.snap.status is Status.RUNNING and task.snap.error is None
     assert task.finished == [(call.key, {"refund": "r1"}, False, False)]
@@ -808,7 +808,7 @@ async def test_r10_r26_decided_not_happened_runs_the_call_with_its_key() -> None
     assert call is not None
     key = call.key
 
-    await recovery.human_decide(task, decide(task, "not_happened"))
+    await levers.human_decide(task, decide(task, "not_happened"))
 
     assert task.snap.status is Status.RUNNING
     assert task.snap.call is call and call.status is CallStatus.PLANNED and call.key == key
@@ -822,7 +822,7 @@ async def test_r10_r26_decided_skip_drops_the_call_and_moves_on() -> None:
     call = task.snap.call
     assert call is not None
 
-    await recovery.human_decide(task, decide(task, "skip"))
+    await levers.human_decide(task, decide(task, "skip"))
 
     frame = task.snap.frame
     assert task.snap.call is None and [e.kind for e in frame.agenda] == ["reply"]
@@ -846,7 +846,7 @@ async def test_r26_a_decision_that_does_not_fit_changes_nothing(
     call.status = status
 
     with pytest.raises(error):
-        await recovery.human_decide(task, lever("decide", {"outcome": outcome,
+        await levers.human_decide(task, lever("decide", {"outcome": outcome,
                                                            "key": key or call.key}))
 
     assert task.snap.status is Status.NEEDS_HUMAN and task.rows == [] and task.finished == []
@@ -879,7 +879,7 @@ async def test_r14_rollback_swaps_in_the_kept_version_on_a_new_branch() -> None:
     that version's rows, and later rows stay stored on their own branch."""
     task, reads = rollback_setup()
 
-    await recovery.rollback(task, lever("rollback", {"version": 3, "by": "ann"}))
+    await levers.rollback(task, lever("rollback", {"version": 3, "by": "ann"}))
 
     assert len(task.replaced) == 1
     snap = task.snap
@@ -899,7 +899,7 @@ async def test_r14_a_rolled_back_task_can_go_on(old_status: Status, status: Stat
     resumes it); a pending one comes back running."""
     task, _ = rollback_setup(old_status)
 
-    await recovery.rollback(task, lever("rollback", {"version": 3}))
+    await levers.rollback(task, lever("rollback", {"version": 3}))
 
     assert task.snap.status is status
 
@@ -912,7 +912,7 @@ async def test_e4_rollback_to_a_call_in_doubt_reuses_its_recorded_result() -> No
     task, reads = rollback_setup(call=call, stack=old.stack)
     reads.idempotency[call.key] = record_for(call, OutcomeStatus.SUCCEEDED, {"paid": 5})
 
-    await recovery.rollback(task, lever("rollback", {"version": 3}))
+    await levers.rollback(task, lever("rollback", {"version": 3}))
 
     assert task.strategies == [Strategy.ROLLBACK, Strategy.REUSE_RESULT]
     assert task.snap.call is None and task.snap.frame.last_tool_result == {"paid": 5}
@@ -928,7 +928,7 @@ async def test_e4_rollback_to_a_call_in_back_off_reuses_its_later_result() -> No
     task, reads = rollback_setup(call=call, stack=old.stack)
     reads.idempotency[call.key] = record_for(call, OutcomeStatus.SUCCEEDED, {"paid": 5})
 
-    await recovery.rollback(task, lever("rollback", {"version": 3}))
+    await levers.rollback(task, lever("rollback", {"version": 3}))
 
     assert task.snap.call is None and task.snap.frame.last_tool_result == {"paid": 5}
 
@@ -940,7 +940,7 @@ async def test_e4_rollback_with_redo_side_effects_gives_calls_new_keys() -> None
     call = open_call(old)
     task, _ = rollback_setup(call=call, stack=old.stack)
 
-    await recovery.rollback(task, lever("rollback", {"version": 3, "redo_side_effects": True}))
+    await levers.rollback(task, lever("rollback", {"version": 3, "redo_side_effects": True}))
 
     snap = task.snap
     assert snap.key_salt == "~redo1" and snap.call is None
@@ -959,7 +959,7 @@ async def test_e6_rollback_rearms_timed_waits_under_new_timer_ids() -> None:
     task, _ = rollback_setup(Status.WAITING, stack=old.stack)
 
     before = time.time()
-    await recovery.rollback(task, lever("rollback", {"version": 3}))
+    await levers.rollback(task, lever("rollback", {"version": 3}))
     after = time.time()
 
     wait = task.snap.frame.wait
@@ -972,7 +972,7 @@ async def test_r14_a_cancelled_task_is_not_rolled_back() -> None:
     task, _ = rollback_setup()
     task.snap.status = Status.CANCELLED
 
-    await recovery.rollback(task, lever("rollback", {"version": 3}))
+    await levers.rollback(task, lever("rollback", {"version": 3}))
 
     assert task.replaced == [] and task.strategies == [Strategy.ROLLBACK_REFUSED]
 
@@ -983,7 +983,7 @@ async def test_r14_rollback_to_a_pruned_version_says_so() -> None:
     reads.heads.clear()
 
     with pytest.raises(VersionNotFound, match="no longer kept"):
-        await recovery.rollback(task, lever("rollback", {"version": 3}))
+        await levers.rollback(task, lever("rollback", {"version": 3}))
 
     assert task.replaced == [] and task.snap.step == 5
 
@@ -994,7 +994,7 @@ async def test_r14_rollback_uses_the_head_its_lever_captured() -> None:
     task, reads = rollback_setup()
     task.captured[(9, 3)] = reads.heads.pop(3)
 
-    await recovery.rollback(task, lever("rollback", {"version": 3}))
+    await levers.rollback(task, lever("rollback", {"version": 3}))
 
     assert task.snap.step == 2 and task.strategies == [Strategy.ROLLBACK]
 
@@ -1005,7 +1005,7 @@ async def test_r14_rollback_needs_a_positive_whole_version(version: Any) -> None
     task, _ = rollback_setup()
 
     with pytest.raises(InvalidInput):
-        await recovery.rollback(task, lever("rollback", {"version": version}))
+        await levers.rollback(task, lever("rollback", {"version": version}))
 
     assert task.replaced == []
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from engine_double import TASK, FakeTask, ScriptedAgent, make_snap, open_call, stored
 
-from tether.engine import recovery, timers
+from tether.engine import levers, timers
 from tether.engine.events import apply_event
 from tether.errors import InvalidInput
 from tether.model import CallStatus, Event, EventStatus, Frame, Resource, Snapshot, Status
@@ -301,7 +301,7 @@ async def test_e6_a_wait_resumed_after_the_deadline_failed_the_task_can_still_ti
             consumed.add(event.source_event_id)  # marked applied or ignored: a duplicate now
     assert snap.status is Status.FAILED
 
-    await recovery.human_resume(task, Event("resume", TASK, {"by": "ann"}, id=3))
+    await levers.human_resume(task, Event("resume", TASK, {"by": "ann"}, id=3))
     if not snap.frame.agenda and snap.frame.wait:
         task.set_status(Status.WAITING)  # what the runner's next step does with an armed wait
     task.fired.clear()

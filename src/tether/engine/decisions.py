@@ -4,7 +4,7 @@ A side-effecting call that was sent and never answered (a crash, a lost reply) a
 that no reconcile hook can settle is never run again on a plain resume. A person
 decides: it happened (with its result), it did not (run it now, same key), or skip
 it. This module says when that decision is needed and what the refusal tells them;
-``recovery.human_decide`` applies it.
+``levers.human_decide`` applies it.
 """
 
 from __future__ import annotations

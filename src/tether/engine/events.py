@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from tether.engine import degrade, recovery, timers
+from tether.engine import degrade, levers, recovery, timers
 from tether.engine.task import RunningTask, clean_up_resources, end_wait, hand_to_person
 from tether.errors import StoreUnavailable, TetherError
 from tether.model import CallStatus, Event, EventStatus, Frame, Priority, Replan, Status, action_to_dict
@@ -61,11 +61,11 @@ async def _control(task: RunningTask, event: Event) -> None:
     if event.type == "cancel":
         _cancel(task, event)
     elif event.type == "resume":
-        await recovery.human_resume(task, event)
+        await levers.human_resume(task, event)
     elif event.type == "decide":
-        await recovery.human_decide(task, event)
+        await levers.human_decide(task, event)
     else:
-        await recovery.rollback(task, event)
+        await levers.rollback(task, event)
 
 
 def _cancel(task: RunningTask, event: Event) -> None:

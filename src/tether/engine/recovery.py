@@ -15,11 +15,10 @@ import logging
 import time
 from typing import Any
 
-from tether import blobs
 from tether.engine import timers
-from tether.engine.decisions import DECISIONS, Decision, args_text, call_awaiting_decision, in_doubt_message
+from tether.engine.decisions import args_text
 from tether.engine.task import RunningTask, TaskReads, end_wait, hand_to_person
-from tether.errors import IllegalTransition, InDoubtCall, InvalidInput, TetherError, VersionNotFound
+from tether.errors import TetherError
 from tether.failpoints import failpoint
 from tether.model import (
     CallState,
@@ -31,7 +30,6 @@ from tether.model import (
     Snapshot,
     Status,
     ToolCall,
-    check_count,
     to_plain,
 )
 from tether.strategies import Strategy
@@ -156,7 +154,7 @@ async def resolve_in_doubt(task: RunningTask) -> None:
     assert call is not None
     record = await task.reads.get_idempotency(call.key)
     same_call = record is not None and record.args_hash == call.args_hash
-    if _reuse_result(task, call, record, f"{call.tool} finished before the crash"):
+    if reuse_result(task, call, record, f"{call.tool} finished before the crash"):
         return
     if record and same_call and record.status == OutcomeStatus.FAILED:
         call.status = CallStatus.PLANNED  # its last attempt is known to have failed: safe to run
@@ -179,7 +177,7 @@ async def resolve_in_doubt(task: RunningTask) -> None:
     await _reconcile(task, tool, call)
 
 
-def _reuse_result(task: RunningTask, call: CallState, record: IdempotencyRecord | None,
+def reuse_result(task: RunningTask, call: CallState, record: IdempotencyRecord | None,
                   detail: str) -> bool:
     """Answer *call* from the idempotency table if the same call already succeeded."""
     if record is None or record.args_hash != call.args_hash \
@@ -324,7 +322,7 @@ async def _give_up(task: RunningTask, call: CallState, fingerprint: str) -> None
     action = await agent.on_event(task.view(scratch), event)
     if action is not None:
         frame.scratch = scratch
-        _move_past_call(task, failure)
+        move_past_call(task, failure)
         if isinstance(action, Replan):
             frame.agenda.clear()  # plan again, now knowing the call failed
         else:
@@ -388,53 +386,7 @@ def progress_made(task: RunningTask) -> None:
         rec.started_at = None
 
 
-# ---------------------------------------------------------------------- people
-
-
-async def human_decide(task: RunningTask, event: Event) -> None:
-    """A person settles a call in doubt: it happened, it did not, or skip it (R10, R26)."""
-    snap = task.snap
-    payload = event.payload if isinstance(event.payload, dict) else {}
-    outcome, by = payload.get("outcome"), str(payload.get("by") or "unknown")
-    call = snap.call
-    if outcome not in DECISIONS:
-        raise InvalidInput(f"decide needs an outcome of {', '.join(DECISIONS)}, not {outcome!r}")
-    if call is None or call.status != "started" or snap.status.is_terminal \
-            or payload.get("key") != call.key:
-        raise IllegalTransition(f"task {snap.task_id} has no call in doubt under key"
-                                f" {payload.get('key')!r}; nothing was decided")
-    task.append_history({"role": "event", "type": "decide", "event_id": event.id, "content": {
-        "outcome": outcome, "by": by, "tool": call.tool, "key": call.key,
-        "result": payload.get("result")}})
-    snap.recovery = type(snap.recovery)()
-    snap.error = None
-    task.mark_progress()
-    if snap.status is not Status.RUNNING:
-        task.set_status(Status.RUNNING)
-    task.log_recovery(Strategy.HUMAN_DECISION, event.id, f"{by} said {call.tool} key={call.key}"
-                        f" {_DECIDED[outcome]}")
-    if outcome == Decision.HAPPENED:
-        task.finish_call(call, to_plain(payload.get("result")))
-    elif outcome == Decision.NOT_HAPPENED:
-        call.status = CallStatus.PLANNED
-    else:
-        _skip_call(task, call, by)
-
-
-_DECIDED = {Decision.HAPPENED: "had happened; its result is recorded and it is not run again",
-            Decision.NOT_HAPPENED: "never happened; it runs now with the same key",
-            Decision.SKIP: "is to be skipped; it is dropped without running"}
-
-
-def _skip_call(task: RunningTask, call: CallState, by: str) -> None:
-    """Drop a call in doubt: the agent sees it was skipped and plans on from there."""
-    task.append_history({"role": "tool", "name": call.tool, "key": call.key, "content": None,
-                           "skipped": True})
-    task.snap.frame.last_tool_result = None
-    _move_past_call(task, {"tool": call.tool, "key": call.key, "skipped": True, "by": by})
-
-
-def _move_past_call(task: RunningTask, error: dict[str, Any]) -> None:
+def move_past_call(task: RunningTask, error: dict[str, Any]) -> None:
     """Leave the frame's current call behind without a result: the agent sees *error*."""
     snap = task.snap
     frame = snap.frame
@@ -445,42 +397,6 @@ def _move_past_call(task: RunningTask, error: dict[str, Any]) -> None:
     snap.call = None
 
 
-async def human_resume(task: RunningTask, event: Event) -> None:
-    """A person resumes a paused, waiting or parked task, optionally amending it."""
-    snap = task.snap
-    assert event.id is not None
-    payload = event.payload if isinstance(event.payload, dict) else {}
-    undecided = call_awaiting_decision(snap, task.tools)
-    if undecided is not None and not snap.status.is_terminal:
-        raise InDoubtCall(in_doubt_message(snap.task_id, undecided))
-    amended = bool(payload.get("message") or payload.get("frame_patch"))
-    if snap.status not in (Status.PAUSED, Status.NEEDS_HUMAN, Status.FAILED, Status.WAITING):
-        if amended and snap.status is Status.RUNNING:
-            _amend(task, payload)
-            task.log_recovery(Strategy.AMEND, event.id, "task already running; the person's message"
-                                " and patch were applied without a recovery")
-        else:
-            task.log_recovery(Strategy.RESUME_IGNORED, event.id,
-                                f"task already {snap.status.value}; duplicate resume signal (R21)")
-        return
-    _amend(task, payload)
-    if snap.status is Status.FAILED:  # a deadline may have used up its waits' timers
-        timers.retag_waits(snap, f"resume{event.id}")
-    snap.recovery = type(snap.recovery)()
-    snap.error = None
-    snap.budget_start = snap.step
-    task.mark_progress()
-    _settle_call_for_resume(task, amended)
-    if snap.frame.wait and snap.status is Status.WAITING:
-        snap.frame.wait = None  # a person ends the wait; a paused task keeps its armed wait
-        snap.frame.last_event = {"type": "resume", "payload": payload}
-    task.set_status(Status.RUNNING)
-    task.log_recovery(Strategy.HUMAN_RESUME, event.id, f"resumed by {payload.get('by') or 'unknown'}"
-                        + (f": {payload['message']}" if payload.get("message") else ""))
-    if snap.call is not None and snap.call.status == CallStatus.STARTED:
-        await resolve_in_doubt(task)  # reconcile (or re-run an idempotent call), never blind
-
-
 async def branch_history(reads: TaskReads, snap: Snapshot) -> int:
     """Start a new dialog branch after *snap*'s last row; rows written later stay stored."""
     epoch = await reads.next_epoch(snap.task_id)
@@ -488,104 +404,6 @@ async def branch_history(reads: TaskReads, snap: Snapshot) -> int:
     segments[-1][1] = snap.history_len
     snap.history_segments = [*segments, [epoch, -1]]
     return epoch
-
-
-def _amend(task: RunningTask, payload: dict[str, Any]) -> None:
-    """Add a person's message to the dialog and merge their patch into the current frame."""
-    if payload.get("message"):
-        task.append_history({"role": "user", "type": "resume", "content": payload["message"]})
-    if payload.get("frame_patch"):
-        task.snap.frame.scratch.update(payload["frame_patch"])
-
-
-def _settle_call_for_resume(task: RunningTask, amended: bool) -> None:
-    """Decide what a person's resume means for the call that stopped the task.
-
-    An amended resume (message or frame patch) drops a failed call so the agent
-    plans again with what the person changed; a plain resume retries it as
-    planned. A call whose outcome is unknown runs again only because a person
-    said so, and that is logged.
-    """
-    snap = task.snap
-    call = snap.call
-    if call is None:
-        agenda = snap.frame.agenda
-        if amended and agenda and agenda[0].kind == "tool_call":
-            agenda.pop(0)
-        return
-    if call.status == CallStatus.STARTED:
-        tool = task.tools.get(call.tool)
-        if tool is not None and (tool.idempotent or tool.reconcile_fn is not None):
-            return  # resolved like any call in doubt, after the status is running again
-        call.status = CallStatus.PLANNED
-        task.log_recovery(Strategy.HUMAN_RERUN, detail=f"a person resumed; {call.tool} key={call.key}"
-                            " runs again on their say-so")
-    elif amended:
-        snap.frame.agenda.pop(0)
-        snap.call = None
-    else:
-        call.retry_at = None
-        call.attempt = 0
-
-
-async def rollback(task: RunningTask, event: Event) -> None:
-    """Go back to a kept version; later dialog rows stay stored on their own branch (R14, E4)."""
-    assert event.id is not None
-    if task.snap.status is Status.CANCELLED:
-        task.log_recovery(Strategy.ROLLBACK_REFUSED, event.id, "the task was cancelled; cancel is final")
-        return
-    payload = event.payload if isinstance(event.payload, dict) else {}
-    version = payload.get("version")
-    version = check_count(version, "the version a rollback names")
-    task_id = task.snap.task_id
-    data = await _rollback_target(task, event.id, version)
-    old = Snapshot.loads(data, task_id, version)
-    failpoint("during_rollback")
-    epoch = await branch_history(task.reads, old)
-    if payload.get("redo_side_effects"):
-        old.key_salt = f"~redo{epoch}"
-        _reopen_call(old)
-    timers.rearm_waits(old, time.time(), f"r{epoch}")
-    old.recovery = type(old.recovery)()
-    if old.status is Status.PENDING:
-        old.status = Status.RUNNING
-    elif old.status is Status.NEEDS_HUMAN or old.status.is_terminal:
-        old.status = Status.PAUSED
-    history = await task.reads.read_history(task_id, old.history_segments)
-    task.replace_state(old, history[: old.history_len])
-    task.log_recovery(Strategy.ROLLBACK, event.id, f"rolled back to version {version} by"
-                        f" {payload.get('by') or 'unknown'}"
-                        + (" (side effects will be redone)" if payload.get("redo_side_effects")
-                           else ""))
-    if old.call is not None and old.call.status == CallStatus.STARTED:
-        await resolve_in_doubt(task)
-    elif old.call is not None:  # it may have succeeded since the kept version (E4)
-        _reuse_result(task, old.call, await task.reads.get_idempotency(old.call.key),
-                      f"{old.call.tool} key={old.call.key} succeeded after version {version};"
-                      " its recorded result is used, not run again")
-
-
-async def _rollback_target(task: RunningTask, event_id: int, version: int) -> bytes:
-    """The head to roll back to, always as the store has it (an event never carries state):
-    read now, or by this process's lever when it was asked (so pruning cannot race it)."""
-    task_id = task.snap.task_id
-    captured = task.captured_head(event_id, version)
-    if captured is not None:
-        return await blobs.resolve(task.reads, captured, task_id, version)
-    try:
-        _, data = await blobs.load_head(task.reads, task_id, version)
-    except VersionNotFound:
-        raise VersionNotFound(f"task {task_id}: version {version} is no longer kept (pruned"
-                              " before the rollback was applied); roll back to a kept version"
-                              ) from None
-    return data
-
-
-def _reopen_call(snap: Snapshot) -> None:
-    """Forget an open call's key so it is derived again with the new salt (a real redo)."""
-    if snap.call is not None and snap.stack and snap.frame.agenda:
-        snap.frame.agenda[0].open_call = None
-    snap.call = None
 
 
 def retry_now(task: RunningTask, event: Event) -> None:

@@ -44,11 +44,11 @@ import orjson
 
 from tether.errors import StoreError, TetherError
 from tether.failpoints import failpoint
-from tether.model import Status, TaskRecord
+from tether.model import IdempotencyRecord, Status, TaskRecord
 from tether.store import queries as q
 from tether.store import rows, sqlite_integrity, sqlite_schema, steps
 from tether.store.backend import SQLBackend
-from tether.store.base import Checkpoint, Claim
+from tether.store.base import Checkpoint, Claim, StoredEvent
 from tether.store.sqlite_faults import Damage, guarded
 from tether.store.sqlite_group_commit import GroupCommit, write_transaction
 from tether.store.steps import Notify, Statement, Steps
@@ -207,6 +207,17 @@ class SQLiteStore(SQLBackend):
         with self._transaction() as db:
             self._check_fence(db, claim)
             self._run(db, steps.set_status(claim.task_id, status, reason, time.time(), wake_at))
+
+    # ------------------------------------------------------------------ the step's reads
+
+    async def pending_events(self, task_id: str) -> list[StoredEvent]:
+        """Read on every tick: run directly (the shared SQL and row mapper), not as steps."""
+        return [rows.stored_event(row) for row in self._db.execute(q.PENDING_EVENTS, (task_id,))]
+
+    async def get_idempotency(self, key: str) -> IdempotencyRecord | None:
+        """Read before every tool call: run directly, like :meth:`pending_events`."""
+        row = self._db.execute(q.GET_IDEMPOTENCY, (key,)).fetchone()
+        return None if row is None else rows.idempotency_record(row)
 
     # ------------------------------------------------------------------ checkpoints
 
