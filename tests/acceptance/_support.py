@@ -58,3 +58,21 @@ async def run_until_status(h: tt.Harness, task_id: str, *statuses: tt.Status,
 
 async def strategies(h: tt.Harness, task_id: str) -> list[str]:
     return [r["resume_strategy"] for r in await h.store.list_recovery_log(task_id)]
+
+
+SLOW_PLAN = tt.Settings(poll_interval=0.01, lease_seconds=5.0, drain_timeout=5.0)
+
+
+def slow_planner(planning: asyncio.Event) -> tt.Harness:
+    """A harness whose one agent sets *planning* and then plans for a minute (a long model
+    call), with a lease and drain timeout long enough to outlast the test."""
+    h = tt.Harness("memory://", settings=SLOW_PLAN)
+
+    @h.agent("slow")
+    class Slow(tt.Agent):
+        async def plan(self, t: tt.TaskView) -> tt.Action:
+            planning.set()
+            await asyncio.sleep(60)  # a long model call
+            return tt.Finish("never")
+
+    return h

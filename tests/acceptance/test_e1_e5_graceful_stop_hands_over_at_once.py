@@ -11,34 +11,19 @@ import asyncio
 import time
 
 import pytest
-from _support import fast_settings, wait_until
+from _support import SLOW_PLAN, fast_settings, slow_planner, wait_until
 
 import tether as tt
 from tether.model import Status
 
 pytestmark = pytest.mark.timeout(30)
 
-FAST = tt.Settings(poll_interval=0.01, lease_seconds=5.0, drain_timeout=5.0)
-
-
-def _slow_planner(planning: asyncio.Event) -> tt.Harness:
-    h = tt.Harness("memory://", settings=FAST)
-
-    @h.agent("slow")
-    class Slow(tt.Agent):
-        async def plan(self, t: tt.TaskView) -> tt.Action:
-            planning.set()
-            await asyncio.sleep(60)  # a long model call
-            return tt.Finish("never")
-
-    return h
-
 
 async def test_e5_stop_during_a_model_call_hands_over_at_once_without_a_recovery() -> None:
     """E5: a graceful stop cancels an in-flight plan (nothing about it is in doubt), commits
     and releases the task, so the next worker claims it at once and no crash is counted."""
     planning = asyncio.Event()
-    h = _slow_planner(planning)
+    h = slow_planner(planning)
     tid = await h.submit("slow")
     stop = asyncio.Event()
     server = asyncio.create_task(h.serve(stop=stop))
@@ -46,7 +31,7 @@ async def test_e5_stop_during_a_model_call_hands_over_at_once_without_a_recovery
     started = time.monotonic()
     stop.set()
     await asyncio.wait_for(server, 3)
-    assert time.monotonic() - started < FAST.drain_timeout
+    assert time.monotonic() - started < SLOW_PLAN.drain_timeout
     record = await h.store.get_task(tid)
     assert record.lease_owner is None and record.status is Status.RUNNING
     claim = await h.store.claim("next-worker", time.time(), 5)

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import pytest
-from _support import fast_settings, wait_until
+from _support import fast_settings, slow_planner, wait_until
 
 import tether as tt
 from tether.errors import StoreError
@@ -21,20 +21,6 @@ from tether.model import Status
 pytestmark = pytest.mark.timeout(30)
 
 FAST = tt.Settings(poll_interval=0.01, recovery_backoff=0.001, lease_seconds=0.3)
-SLOW_PLAN = tt.Settings(poll_interval=0.01, lease_seconds=5.0, drain_timeout=5.0)
-
-
-def _slow_planner(planning: asyncio.Event) -> tt.Harness:
-    h = tt.Harness("memory://", settings=SLOW_PLAN)
-
-    @h.agent("slow")
-    class Slow(tt.Agent):
-        async def plan(self, t: tt.TaskView) -> tt.Action:
-            planning.set()
-            await asyncio.sleep(60)  # a long model call
-            return tt.Finish("never")
-
-    return h
 
 
 async def status_of(h: tt.Harness, task_id: str) -> tt.Status:
@@ -48,7 +34,7 @@ async def status_of_is(h: tt.Harness, task_id: str, status: tt.Status) -> bool:
 async def test_r2_a_started_task_shows_running_while_its_first_plan_is_in_flight() -> None:
     """R2: which state is the task in? As soon as a worker starts it: running, not pending."""
     planning = asyncio.Event()
-    h = _slow_planner(planning)
+    h = slow_planner(planning)
     tid = await h.submit("slow")
     stop = asyncio.Event()
     server = asyncio.create_task(h.serve(stop=stop))

@@ -32,4 +32,5 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         f" {len(seeds)} seeds ({min(seeds)}..{max(seeds)}) in {stats['seconds']:.1f}s;"
         f" {stats['violations']} violations; points covered ({len(kills)}):"
         f" {', '.join(f'{p}={n}' for p, n in sorted(kills.items()))};"
-        f" tasks ended {dict(stats['statuses'])}; events {dict(stats['events'])}")
+        f" tasks ended {dict(stats['statuses'])};"
+        f" events { {str(outcome): n for outcome, n in stats['events'].items()} }")
