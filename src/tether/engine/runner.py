@@ -281,9 +281,9 @@ class Runner:
 
     # ------------------------------------------------------------------ preemption
 
-    async def cancellable(self, work: Awaitable[T]) -> T:
+    def cancellable(self, work: Awaitable[T]) -> Awaitable[T]:
         """Run *work* so that a P0 event can cancel it at once (E1)."""
-        return await self.preemptible.run(work, self._keep_cut_off)
+        return self.preemptible.run(work, self._keep_cut_off)
 
     def _keep_cut_off(self, partial: str) -> None:
         self.append_history({"role": "assistant", "content": partial, "cut_off": True})
