@@ -110,7 +110,7 @@ class TaskView:
     @property
     def degraded(self) -> Mapping[str, Any] | None:
         """The degradation in force (the task's own ``degrade`` event, else the worker's), or
-        None; while set, the agent runs its :class:`~tether.engine.degrade.Fallback` (R3)."""
+        None; while set, the agent runs its :class:`~tether.agent.Fallback` (R3)."""
         snap = self._snapshot
         mode = snap.degraded or snap.worker_degraded
         return MappingProxyType(mode) if mode is not None else None

@@ -21,7 +21,7 @@ from typing import Any, TypeVar, overload
 from tether import blobs
 from tether.agent import Agent
 from tether.bundle import dumps_bundle, export_bundle
-from tether.engine.decisions import DECISIONS, call_awaiting_decision, in_doubt_message
+from tether.engine.decisions import DECISIONS, Decision, call_awaiting_decision, in_doubt_message
 from tether.engine.inbox import Inbox
 from tether.engine.loading import newest_readable
 from tether.engine.runner import Runner
@@ -276,7 +276,7 @@ class Harness:
         """
         if outcome not in DECISIONS:
             raise InvalidInput(f"outcome must be one of {', '.join(DECISIONS)}, not {outcome!r}")
-        if result is not None and outcome != "happened":
+        if result is not None and outcome != Decision.HAPPENED:
             raise InvalidInput(f"a result goes with 'happened' only, not with {outcome!r}")
         info = await self.get(task_id)
         call = info.snapshot.call

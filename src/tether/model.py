@@ -19,7 +19,7 @@ import typing
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -300,7 +300,8 @@ class EmitReceipt:
 
     accepted: bool
     event_id: int
-    outcome: str  # "stored" or "duplicate"
+    outcome: Literal["stored", "duplicate"]
+    """Stored now, or already stored under the same ``source_event_id`` (nothing new)."""
     coalesced: int = 0
     """How many older pending events of the same coalescing class this one replaced."""
 

@@ -3,7 +3,7 @@
 The worker's path (claim, commit, load) belongs to the engine; what a person looks at
 (listings, counts, versions, events, idempotency records, the recovery log, a handoff
 bundle, a whole-store check) comes from here, so the edges never hold the raw store and
-cannot write through it.
+are typed against reads only.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from tether.store import ReadStore, StoredEvent
 class TaskReader:
     """Read-only questions about tasks, answered from the store.
 
-    It holds the store as a :class:`ReadStore`, so nothing that reads through it can write,
-    even by mistake."""
+    It holds the store typed as a :class:`ReadStore`: the type checker refuses a write made
+    through it."""
 
     store: ReadStore
 

@@ -67,7 +67,8 @@ class Strategy(enum.StrEnum):
         """The record of a lever (cancel, resume, rollback, decide) that could not be applied."""
         return cls(f"{lever}_failed")
 
-    @property
-    def is_refusal(self) -> bool:
-        """Whether the record says a lever was refused or failed (the CLI reports it so)."""
-        return self.endswith(("_failed", "_refused", "_ignored"))
+    @staticmethod
+    def is_refusal(name: str) -> bool:
+        """Whether a record's strategy says a lever was refused, failed or ignored (the CLI
+        reports it so); any name is judged, also one written by another tether version."""
+        return name.endswith(("_failed", "_refused", "_ignored"))

@@ -313,3 +313,11 @@ def stored(event_type: str, payload: Any = None, *, priority: int = 1, event_id:
     if created_at is not None:
         event.created_at = created_at
     return StoredEvent(event, priority, "pending", None)
+
+
+def waiting_task(agent: ScriptedAgent, due_at: float | None = None) -> FakeTask:
+    snap = make_snap(Status.WAITING)
+    snap.frame.wait = {"event_type": "approval", "due_at": due_at, "timeout": None}
+    if due_at is not None:
+        snap.frame.wait["timer"] = "timer:f0:0"
+    return FakeTask(snap, agents=[agent])

@@ -105,12 +105,8 @@ async def report_lever(harness: tt.Harness, task_id: str, receipt: tt.EmitReceip
     records = [r for r in await harness.reads.recovery_log(task_id)
                if r.get("event_id") == receipt.event_id]
     outcome = records[-1] if records else None
-    if event.status == EventStatus.FAILED or (outcome and _refused(outcome["resume_strategy"])):
+    if event.status == EventStatus.FAILED or (outcome and Strategy.is_refusal(
+            outcome["resume_strategy"])):
         detail = outcome["detail"] if outcome else event.status
         raise tt.TetherError(f"task {task_id}: {what} was not applied: {detail}")
     echo(f"{task_id}: {what} applied; now {info.record.status.value} at version {info.version}")
-
-
-def _refused(strategy: str) -> bool:
-    """Whether a recovery record says a lever was refused, failed or ignored."""
-    return strategy in tuple(Strategy) and Strategy(strategy).is_refusal

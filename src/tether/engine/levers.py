@@ -30,7 +30,7 @@ async def human_decide(task: RunningTask, event: Event) -> None:
     call = snap.call
     if outcome not in DECISIONS:
         raise InvalidInput(f"decide needs an outcome of {', '.join(DECISIONS)}, not {outcome!r}")
-    if call is None or call.status != "started" or snap.status.is_terminal \
+    if call is None or call.status != CallStatus.STARTED or snap.status.is_terminal \
             or payload.get("key") != call.key:
         raise IllegalTransition(f"task {snap.task_id} has no call in doubt under key"
                                 f" {payload.get('key')!r}; nothing was decided")

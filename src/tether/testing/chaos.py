@@ -30,6 +30,7 @@ import orjson
 
 import tether as tt
 from tether import apps
+from tether.model import EventStatus
 from tether.testing.faults import FaultPlan, Ledger, install
 
 SETTLED = frozenset({tt.Status.COMPLETED, tt.Status.FAILED, tt.Status.CANCELLED,
@@ -144,8 +145,8 @@ async def _unapplied(harness: tt.Harness, task_id: str, status: tt.Status) -> li
     """Accepted events still pending on a task that can no longer apply them."""
     if status not in (tt.Status.COMPLETED, tt.Status.CANCELLED, tt.Status.FAILED):
         return []
-    return [f"{e.event.type} #{e.event.id}" for e in await harness.store.list_events(task_id)
-            if e.status == "pending" and e.event.type not in ("rollback", "resume")]
+    return [f"{e.event.type} #{e.event.id}" for e in await harness.reads.events(task_id)
+            if e.status == EventStatus.PENDING and e.event.type not in ("rollback", "resume")]
 
 
 async def _fault_run(target: Target, seed: int, folder: Path, plan: FaultPlan, base: Baseline,

@@ -20,11 +20,11 @@ from urllib.parse import quote
 
 import orjson
 
-from tether.engine.decisions import DECISIONS
+from tether.engine.decisions import DECISIONS, Decision
 from tether.engine.timers import local_time
 from tether.errors import TetherError
 from tether.harness import Harness
-from tether.model import LARGEST_COUNT, Status
+from tether.model import LARGEST_COUNT, CallStatus, Status
 from tether.web.security import FailureLimiter, Role, TokenTable, client_of, operator_id
 
 try:
@@ -150,7 +150,7 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
                     calls=await reads.calls(task_id),
                     recoveries=await reads.recovery_log(task_id),
                     in_doubt=info.record.status is Status.NEEDS_HUMAN and call is not None
-                    and call.status == "started",
+                    and call.status == CallStatus.STARTED,
                     describe=_describe, detail=_detail)
 
     @app.get("/console/tasks/{task_id}/diff", response_class=HTMLResponse, include_in_schema=False)
@@ -205,7 +205,7 @@ async def _pull(harness: Harness, task_id: str, lever: str, form: Any, by: str) 
             raise ValueError("choose happened, did not happen or skip")
         text = str(form.get("result") or "").strip()
         try:
-            result = orjson.loads(text) if outcome == "happened" and text else None
+            result = orjson.loads(text) if outcome == Decision.HAPPENED and text else None
         except orjson.JSONDecodeError:
             raise ValueError("the result must be JSON (a quoted string, a number, an object"
                              " ...)") from None

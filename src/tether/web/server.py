@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 import orjson
 
+from tether.engine.decisions import Decision
 from tether.engine.inbox import MAX_NAME
 from tether.engine.timers import MAX_AHEAD
 from tether.errors import (
@@ -185,7 +186,7 @@ class Decide(BaseModel):
 
     @model_validator(mode="after")
     def result_only_if_it_happened(self) -> Decide:
-        if self.outcome != "happened" and self.result is not None:
+        if self.outcome != Decision.HAPPENED.value and self.result is not None:
             raise ValueError("a result goes only with the outcome happened")
         return self
 
