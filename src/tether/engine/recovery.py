@@ -52,7 +52,7 @@ def log_record(task: RunningTask, strategy: Strategy, event_id: int | None, deta
         "task_id": task.snap.task_id,
         "checkpoint_version": task.version,
         "event_id": event_id,
-        "resume_strategy": strategy.value,
+        "resume_strategy": str(strategy),  # a plain string in records and logs
         "recovery_attempt": task.snap.recovery.attempts,
         "step": task.snap.step,
         "detail": detail,
