@@ -48,6 +48,13 @@ from tether.model import Status
 from tether.store import Claim
 from tether.store.retry import Outage
 
+QUICK_LOOK = 0.01
+"""Seconds between looks for events other processes stored, while a worker runs tasks: a
+P0 sent from another process preempts within about ten milliseconds (E1). Idle workers look
+every ``poll_interval`` instead, so waiting costs what it did."""
+IDLE_WATCH = 2.0
+"""Seconds an idle worker's watcher waits between looks (a polling store) or LISTENs before
+asking again (PostgreSQL, told at once by NOTIFY); it wakes as soon as a task starts."""
 CLAIMS_AT_ONCE = 8
 """Claims a worker makes side by side when it has free slots (the SQLite store looks at
 eight candidates per claim)."""
@@ -105,6 +112,8 @@ class Worker:
         self._stranded: list[Claim] = []
         self._fatal: CorruptStore | None = None
         self._changed = asyncio.Event()
+        self._started = asyncio.Event()
+        """Set when a task starts running here: the watcher switches to its short look."""
 
     async def run(self, until_idle: bool, stop: asyncio.Event | None = None,
                   wake_waiting: bool = False) -> None:
@@ -112,6 +121,7 @@ class Worker:
         With *wake_waiting*, first have every waiting task re-checked once (R16), riding out
         a store that is not there yet like any other outage."""
         keeper = asyncio.create_task(self._keep_alive())
+        watcher = asyncio.create_task(self._watch())
         try:
             while not (stop and stop.is_set()) and self._fatal is None:
                 try:
@@ -133,7 +143,8 @@ class Worker:
         finally:
             await self._drain()
             keeper.cancel()
-            await asyncio.gather(keeper, return_exceptions=True)
+            watcher.cancel()
+            await asyncio.gather(keeper, watcher, return_exceptions=True)
         if self._fatal is not None:
             raise self._fatal
 
@@ -181,6 +192,7 @@ class Worker:
                     claimed = True
                     self._claims[claim.task_id] = claim
                     self.active[claim.task_id] = asyncio.create_task(self._run_one(claim))
+                    self._started.set()
             for claim in claims:
                 if isinstance(claim, BaseException):
                     raise claim
@@ -189,21 +201,46 @@ class Worker:
         return claimed
 
     async def _wait_for_change(self, stop: asyncio.Event | None) -> None:
-        """Until a task ends, work is announced by the store (or a poll interval passes), or
-        the worker is told to stop."""
+        """Until a task ends, work arrives (stored here, or seen by :meth:`_watch`), a poll
+        interval passes, or the worker is told to stop."""
         interval = self.harness.settings.poll_interval
         self.harness.work_arrived.clear()
         self._changed.clear()
-        await _first_of([self._listen(interval), self.harness.work_arrived.wait(),
-                         self._changed.wait(), *([stop.wait()] if stop else [])],
-                        interval, also=self.active.values())
+        await _first_of([self.harness.work_arrived.wait(), self._changed.wait(),
+                         *([stop.wait()] if stop else [])], interval, also=self.active.values())
 
-    async def _listen(self, interval: float) -> None:
-        """The store's notice of new work; if it cannot listen now, a plain poll interval."""
-        try:
-            await self.harness.store.wait_for_work(interval)
-        except StoreError:
-            await asyncio.sleep(interval)
+    async def _watch(self) -> None:
+        """Pass on what other processes store: new work wakes the claim loop, and an event
+        for a task this worker is running reaches its runner at once (a P0 preempts, E1).
+
+        While it runs tasks the worker asks the store to look every :data:`QUICK_LOOK`
+        seconds (SQLite; PostgreSQL is told by NOTIFY). Idle, it hardly looks at all
+        (:data:`IDLE_WATCH`): the claim loop polls for new work as it always did, so an idle
+        worker costs what it did.
+        """
+        interval = self.harness.settings.poll_interval
+        while True:
+            running = self._running()
+            self._started.clear()
+            idle = max(interval, IDLE_WATCH)  # idle, the claim loop's own poll finds work
+            try:
+                changed = await self.harness.store.wait_for_change(
+                    interval if running else idle, QUICK_LOOK if running else idle,
+                    hurry=None if running else self._started)
+            except StoreError:  # the claim loop rides the outage out; look again later
+                await asyncio.sleep(interval)
+                continue
+            if changed is not None and not changed:
+                continue
+            self.harness.work_arrived.set()
+            for task_id in self._running():
+                if changed is None or task_id in changed:
+                    with contextlib.suppress(StoreError):
+                        await self._pass_on_events(task_id)
+
+    def _running(self) -> list[str]:
+        """The tasks this worker holds and is running now."""
+        return [task_id for task_id in self._claims if task_id in self.harness.runners]
 
     async def _drain(self) -> None:
         """Stop at step boundaries, wait up to ``drain_timeout``, then cut off what is left."""
@@ -279,6 +316,11 @@ class Worker:
                     if task is not None:
                         task.cancel()
                 return
+        await self._pass_on_events(task_id)
+
+    async def _pass_on_events(self, task_id: str) -> None:
+        """Tell the task's runner of events other processes stored for it (a P0 preempts)."""
+        runner = self.harness.runners.get(task_id)
         if runner is not None:
             fresh = runner.unseen(await self.harness.store.pending_events(task_id))
             if fresh:

@@ -20,6 +20,7 @@ for what may pass by itself (a server away, a lock held too long; workers ride i
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -168,9 +169,18 @@ class WorkerStore(SnapshotReads, Protocol):
     async def wake_all(self, status: Status, now: float) -> int:
         """Mark every task in *status* due for a look now; returns how many."""
 
-    async def wait_for_work(self, timeout: float) -> None:
-        """Return when new work may have arrived (a task or an event was stored, by any
-        process), or after *timeout*. A backend without notifications simply sleeps."""
+    async def wait_for_change(self, timeout: float, poll: float,
+                              hurry: asyncio.Event | None = None) -> frozenset[str] | None:
+        """Return once another process may have stored a task or an event, or after *timeout*.
+
+        Returns the ids of the tasks written when the backend knows them (PostgreSQL: the
+        NOTIFY payloads), None when it only knows that something changed (SQLite: the file's
+        data version, looked at every *poll* seconds), and an empty set when nothing did.
+        A worker holding running tasks asks with a short *poll*, so a P0 stored by another
+        process preempts within milliseconds (R3, E1); an idle one with its poll interval.
+        The worker's own writes need no notice: it tells its runners directly. A backend
+        that looks by polling returns early (an empty set) once *hurry* is set: the worker
+        has just started running a task and wants the short *poll* from now on."""
 
     async def ping(self) -> None:
         """Return once the store could take a write now; :class:`StoreUnavailable` if it

@@ -289,16 +289,19 @@ class PostgresStore(SQLBackend):
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def wait_for_work(self, timeout: float) -> None:
-        """LISTEN for new tasks and events (NOTIFY is sent when they commit), up to *timeout*."""
+    async def wait_for_change(self, timeout: float, poll: float,
+                              hurry: asyncio.Event | None = None) -> frozenset[str] | None:
+        """LISTEN for new tasks and events (NOTIFY, sent when they commit, carries the task's
+        id), up to *timeout*; *poll* and *hurry* are not needed: the server tells at once."""
         await self._open()
         try:
             if self._listener is None:
                 self._listener = await psycopg.AsyncConnection.connect(
                     self.url, autocommit=True, connect_timeout=5)
                 await self._listener.execute(f"LISTEN {_CHANNEL}")
-            async for _ in self._listener.notifies(timeout=timeout, stop_after=1):
-                return
+            async for notice in self._listener.notifies(timeout=timeout, stop_after=1):
+                return frozenset({notice.payload})
+            return frozenset()
         except psycopg.Error as exc:  # the next look at the table finds the work anyway
             listener, self._listener = self._listener, None
             if listener is not None:

@@ -64,7 +64,7 @@ class CachedStore:
         self.pending_events = inner.pending_events
         self.get_idempotency = inner.get_idempotency
         self.wake_all = inner.wake_all
-        self.wait_for_work = inner.wait_for_work
+        self.wait_for_change = inner.wait_for_change
         self.ping = inner.ping
         self.list_tasks = inner.list_tasks
         self.count_by_status = inner.count_by_status

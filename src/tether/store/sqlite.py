@@ -33,6 +33,7 @@ clock, snapshot rows rewritten in place, group commit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import sqlite3
 import time
@@ -97,6 +98,9 @@ _REUSE_SNAPSHOT = ("UPDATE snapshots SET version = ?, created_at = ?, head = ? W
                    " SELECT rowid FROM snapshots WHERE task_id = ? AND version <= ? ORDER BY version"
                    " LIMIT 1)")
 # No array parameters in SQLite: the digests come as one JSON list.
+_NEWEST_ROWS = ("SELECT (SELECT COALESCE(MAX(id), 0) FROM events) AS events,"
+                " (SELECT COALESCE(MAX(rowid), 0) FROM tasks) AS tasks")
+"""What moves when anyone stores an event or a task (SQLite's change signal)."""
 _BLOBS = "SELECT digest, data FROM blobs WHERE digest IN (SELECT value FROM json_each(?))"
 
 
@@ -248,9 +252,29 @@ class SQLiteStore(SQLBackend):
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def wait_for_work(self, timeout: float) -> None:
-        """No notifications in SQLite: workers find new work by looking (cheaply) again."""
-        await asyncio.sleep(timeout)
+    async def wait_for_change(self, timeout: float, poll: float,
+                              hurry: asyncio.Event | None = None) -> frozenset[str] | None:
+        """SQLite cannot say what changed, only that it did: the newest row ids of the task
+        and event tables move. Reading them is two lookups of a B-tree's last entry, pages
+        already in the cache; it also starts a fresh read, so commits of other processes are
+        seen at once (``PRAGMA data_version`` alone lags until the connection reads)."""
+        end = time.monotonic() + timeout
+        seen = self._newest_rows()
+        while (left := end - time.monotonic()) > 0:
+            if hurry is None:
+                await asyncio.sleep(min(poll, left))
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(hurry.wait(), min(poll, left))
+            if self._newest_rows() != seen:
+                return None
+            if hurry is not None and hurry.is_set():
+                break
+        return frozenset()
+
+    def _newest_rows(self) -> tuple[int, int]:
+        row = self._db.execute(_NEWEST_ROWS).fetchone()
+        return int(row["events"]), int(row["tasks"])
 
     async def migrate(self) -> list[str]:
         """The SQLite schema is created (idempotently) when the store opens: nothing to do."""
