@@ -24,6 +24,7 @@ suite exercises what the runner actually writes.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
@@ -97,3 +98,21 @@ class DurableStoreConformance(StoreConformance):
         finally:
             await again.close()
 
+    async def test_an_event_stored_elsewhere_is_seen_as_a_change(
+        self, store: Store, reopen_store: Callable[[], Store]
+    ) -> None:
+        """R3, E1: a worker watching the store learns that another process stored an event
+        (so a P0 reaches a running task at once): the ids it names include the task, or the
+        backend says only that something changed (None). Nothing stored: an empty set."""
+        now = time.time()
+        await make_task(store, "t1")
+        assert await store.wait_for_change(0.01, 0.005) == frozenset()  # now listening
+        elsewhere = reopen_store()
+        try:
+            watching = asyncio.create_task(store.wait_for_change(10.0, 0.005))
+            await asyncio.sleep(0)  # the watch has taken its baseline
+            await elsewhere.add_event(event("t1", payload="stop"), 0, limits(), now)
+            changed = await watching
+        finally:
+            await elsewhere.close()
+        assert changed is None or "t1" in changed
