@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
+
+from systems import fresh_database
 
 import tether as tt
 
@@ -109,21 +109,6 @@ async def measure(url: str, trials: int, cpu_seconds: float) -> dict[str, object
         except subprocess.TimeoutExpired:
             worker.kill()
         await h.close()
-
-
-@contextlib.contextmanager
-def fresh_database(admin: str) -> Iterator[str]:
-    """An empty database of its own on the server *admin* names, dropped afterwards."""
-    import psycopg
-
-    name = f"tether_p0_{os.getpid()}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"{admin.rpartition('/')[0]}/{name}"
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 async def _migrate(url: str) -> None:
