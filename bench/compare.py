@@ -35,7 +35,7 @@ DOCS = HERE.parent / "docs"
 PG = "postgresql://postgres@127.0.0.1:5432/test"
 SQLITE_SYSTEMS = ("bare", "floor-1", "floor-2", "tether-memory", "tether-sqlite",
                   "tether-sqlite-synced", "langgraph-memory", "langgraph-sqlite", "dbos-sqlite")
-POSTGRES_SYSTEMS = ("tether-postgres", "langgraph-postgres", "dbos-postgres")
+POSTGRES_SYSTEMS = ("floor-postgres", "tether-postgres", "langgraph-postgres", "dbos-postgres")
 RESUMABLE = ("tether-sqlite", "langgraph-sqlite", "dbos-sqlite")
 DURABLE = ("floor-1", "floor-2", "tether-sqlite", "tether-sqlite-synced", "langgraph-sqlite",
            "dbos-sqlite", *POSTGRES_SYSTEMS)

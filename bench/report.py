@@ -24,6 +24,7 @@ LABELS = {
     "langgraph-memory": "LangGraph InMemorySaver",
     "langgraph-sqlite": "LangGraph SqliteSaver",
     "dbos-sqlite": "DBOS Transact, SQLite",
+    "floor-postgres": "raw PostgreSQL floor, 1 commit/step",
     "tether-postgres": "tether, PostgreSQL",
     "langgraph-postgres": "LangGraph PostgresSaver",
     "dbos-postgres": "DBOS Transact, PostgreSQL",
@@ -101,7 +102,8 @@ def targets(results: dict[str, Any], stats: dict[str, Any], ctx: Context) -> lis
         r = ratio(overhead(stats, "tether-sqlite", size), overhead(stats, "langgraph-sqlite", size))
         add(f"overhead vs SqliteSaver, S={size}", "≤ 0.25x", r, f"{fmt(r, 3)}x",
             None if r is None else r <= 0.25)
-    for ours, floor in (("tether-sqlite", "floor-1"), ("tether-sqlite-synced", "floor-2")):
+    for ours, floor in (("tether-sqlite", "floor-1"), ("tether-sqlite-synced", "floor-2"),
+                        ("tether-postgres", "floor-postgres")):
         r = ratio(overhead(stats, ours, big), overhead(stats, floor, big))
         add(f"{LABELS[ours]} vs {LABELS[floor]}, S={big}", "≤ 1.3x", r, f"{fmt(r, 2)}x",
             None if r is None else r <= 1.3)

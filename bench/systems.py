@@ -76,6 +76,21 @@ def run_floor(meter: Meter, steps: int, folder: Path, commits: int) -> None:
     db.close()
 
 
+def run_postgres_floor(meter: Meter, steps: int, url: str) -> None:
+    """PostgreSQL's physical floor: the bare loop plus one small row committed per step
+    (the call and its result), each in its own transaction, from one connection."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE steps (task TEXT, n INTEGER, kind TEXT, body TEXT)")
+        dialog: list[Any] = []
+        while (call := fake_model(len(dialog) // 2, steps)) is not None:
+            result = meter.tool_called(**call["args"])
+            conn.execute("INSERT INTO steps VALUES ('t', %s, 'result', %s)",
+                         (call["args"]["n"], json.dumps({"call": call, "result": result})))
+            dialog += [call, result]
+
+
 # ---------------------------------------------------------------------------- tether
 
 
@@ -257,6 +272,7 @@ SQLITE_SYSTEMS: dict[str, Callable[[Meter, int, Path, bool], None]] = {
 RESUMABLE = ("tether-sqlite", "langgraph-sqlite", "dbos-sqlite")
 """Systems whose one long task is also killed and resumed (figure 3)."""
 POSTGRES_SYSTEMS: dict[str, Callable[[Meter, int, str], None]] = {
+    "floor-postgres": run_postgres_floor,
     "tether-postgres": run_tether,
     "langgraph-postgres": run_langgraph_postgres,
     "dbos-postgres": run_dbos,
