@@ -271,15 +271,18 @@ class PostgresStore(SQLBackend):
         async with self._tx() as conn:
             head = await self._check_fence(conn, claim)
             version = await self._run(conn, steps.next_version(task_id, head))
-            await _execute(conn, steps.change(q.INSERT_SNAPSHOT, task_id, version, now, checkpoint.head))
-            failpoint("mid_checkpoint")
-            await self._run(conn, steps.checkpoint_rows(task_id, checkpoint, now))
-            await conn.execute(_POINT_AT_HEAD, (
-                checkpoint.status.value, now, version, checkpoint.reason, checkpoint.wake_at,
-                lease_until - now, int(not checkpoint.progress), task_id))
+            async with conn.pipeline():  # writes that need no answer go out in one round trip
+                await _execute(conn, steps.change(q.INSERT_SNAPSHOT, task_id, version, now,
+                                                  checkpoint.head))
+                failpoint("mid_checkpoint")
+                for batch in steps.checkpoint_batches(task_id, checkpoint, now):
+                    await _execute(conn, batch)
+                await conn.execute(_POINT_AT_HEAD, (
+                    checkpoint.status.value, now, version, checkpoint.reason, checkpoint.wake_at,
+                    lease_until - now, int(not checkpoint.progress), task_id))
+                if version > keep:
+                    await _execute(conn, steps.change(q.DROP_SNAPSHOTS_TO, task_id, version - keep))
             await self._run(conn, steps.settle_inbox(task_id, checkpoint.status, now, checkpoint.wake_at))
-            if version > keep:
-                await _execute(conn, steps.change(q.DROP_SNAPSHOTS_TO, task_id, version - keep))
         return version
 
     async def load_blobs(self, digests: Collection[str]) -> dict[str, bytes]:

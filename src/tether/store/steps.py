@@ -216,16 +216,10 @@ def put_blobs(blobs: Mapping[str, bytes], now: float) -> Steps[None]:
         yield change_many(q.INSERT_BLOB, [(digest, data, now) for digest, data in blobs.items()])
 
 
-def checkpoint_rows(task_id: str, checkpoint: Checkpoint, now: float) -> Steps[None]:
-    """What one checkpoint adds beside its head (:func:`checkpoint_batches`), as steps."""
-    for statement in checkpoint_batches(task_id, checkpoint, now):  # noqa: UP028
-        yield statement  # not ``yield from`` a list: the drivers send each result back
-
-
 def checkpoint_batches(task_id: str, checkpoint: Checkpoint, now: float) -> list[Statement]:
     """What one checkpoint adds beside its head: large values, dialog rows, consumed events,
     call records and the recovery log. Plain statements (none needs a result), so the
-    SQLite store runs them on every step without the steps' round trips."""
+    SQLite store runs them directly and PostgreSQL pipelines them."""
     batches = []
     if checkpoint.blobs:
         batches.append(change_many(q.INSERT_BLOB, [(digest, data, now)
