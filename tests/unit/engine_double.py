@@ -30,6 +30,7 @@ from tether.model import (
     Frame,
     IdempotencyRecord,
     OutcomeStatus,
+    Reply,
     Snapshot,
     Status,
     ToolCall,
@@ -321,3 +322,24 @@ def waiting_task(agent: ScriptedAgent, due_at: float | None = None) -> FakeTask:
     if due_at is not None:
         snap.frame.wait["timer"] = "timer:f0:0"
     return FakeTask(snap, agents=[agent])
+
+
+def in_doubt_task(*, side_effect: bool = True, reads: FakeReads | None = None,
+                  tools: list[Tool] | None = None, status: Status = Status.RUNNING,
+                  **kwargs: Any) -> FakeTask:
+    """A task whose open call (``pay``, amount 5) was started and never answered; a reply
+    is recorded after it."""
+    snap = make_snap(status, agenda=[Reply("after")])
+    open_call(snap)
+    tool_list = [make_tool(side_effect=side_effect)] if tools is None else tools
+    return FakeTask(snap, tools=tool_list, reads=reads, agents=[ScriptedAgent()], **kwargs)
+
+
+def with_reconcile(hook: Any) -> Tool:
+    tool = make_tool(side_effect=True)
+    tool.reconcile(hook)
+    return tool
+
+
+def lever(event_type: str, payload: Any, event_id: int = 9) -> Event:
+    return Event(event_type, TASK, payload, id=event_id)

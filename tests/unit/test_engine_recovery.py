@@ -13,18 +13,20 @@ from engine_double import (
     FakeReads,
     FakeTask,
     ScriptedAgent,
+    in_doubt_task,
+    lever,
     make_snap,
     make_tool,
     open_call,
     record_for,
     waiting_task,
+    with_reconcile,
 )
 
 from tether.engine import recovery
 from tether.errors import NotRetryable
 from tether.model import (
     CallStatus,
-    Event,
     OutcomeStatus,
     Replan,
     Reply,
@@ -37,30 +39,6 @@ from tether.settings import Settings
 from tether.store.base import Claim
 from tether.strategies import Strategy
 from tether.tools import RetryPolicy, Tool, ToolContext
-
-# --------------------------------------------------------------------------- helpers
-
-
-def in_doubt_task(*, side_effect: bool = True, reads: FakeReads | None = None,
-                  tools: list[Tool] | None = None, status: Status = Status.RUNNING,
-                  **kwargs: Any) -> FakeTask:
-    """A task whose open call (``pay``, amount 5) was started and never answered; a reply
-    is recorded after it."""
-    snap = make_snap(status, agenda=[Reply("after")])
-    open_call(snap)
-    tool_list = [make_tool(side_effect=side_effect)] if tools is None else tools
-    return FakeTask(snap, tools=tool_list, reads=reads, agents=[ScriptedAgent()], **kwargs)
-
-
-def with_reconcile(hook: Any) -> Tool:
-    tool = make_tool(side_effect=True)
-    tool.reconcile(hook)
-    return tool
-
-
-def lever(event_type: str, payload: Any, event_id: int = 9) -> Event:
-    return Event(event_type, TASK, payload, id=event_id)
-
 
 # --------------------------------------------------------------------------- calls in doubt
 
