@@ -1,5 +1,5 @@
-"""The peer benchmark suite (issue 7) keeps working: ``bench/compare.py --smoke`` runs every
-system and every figure at tiny sizes and writes its report and plot.
+"""The peer benchmark suite (issues 7 and 15) keeps working: ``bench/compare.py --smoke`` runs
+every system and every figure at tiny sizes and writes its report and plot.
 
 Speed is never asserted here (these machines are shared and noisy): only that each system
 ran the workload and that the report says so. The peers (LangGraph, DBOS) live in the
@@ -22,6 +22,10 @@ SQLITE_ROWS = ("bare loop, no durability", "raw SQLite floor, 1 commit/step",
                "tether, SQLite (default)", "tether, SQLite fully synced", "tether, in-memory store",
                "LangGraph InMemorySaver", "LangGraph SqliteSaver", "DBOS Transact, SQLite")
 POSTGRES_ROWS = ("tether, PostgreSQL", "LangGraph PostgresSaver", "DBOS Transact, PostgreSQL")
+THROUGHPUT_ROWS = ("tether, SQLite (default)", "DBOS Transact, SQLite", "tether, PostgreSQL",
+                   "DBOS Transact, PostgreSQL")
+THROUGHPUT_HEAD = "| system | 1 task: steps/s | 4 tasks: steps/s |"
+"""The smoke run's task counts (``compare.py --smoke``: 1 and 4)."""
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +69,8 @@ def test_every_figure_has_a_result_and_the_versions_are_named(
     assert "did not run" not in markdown
     for heading in ("## Targets", "### 1. Durable overhead", "### 2. Bytes written",
                     "### 3. Recovery", "### 4. P0 preemption", "### 5. Event ingestion",
-                    "### 6. Memory per idle", "### 7. PostgreSQL"):
+                    "### 6. Memory per idle", "### 7. PostgreSQL", "### 8. Throughput",
+                    "### 9. P0 preemption from another process"):
         assert heading in markdown
     for system in ("tether, SQLite (default)", "LangGraph SqliteSaver", "DBOS Transact, SQLite"):
         resume = [r for r in rows(markdown, system) if len(r) == 2]
@@ -81,3 +86,64 @@ def test_the_plot_is_a_png(smoke_report: tuple[str, Path]) -> None:
     _, plot = smoke_report
     data = plot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def section_of(markdown: str, heading: str) -> str:
+    """The text from *heading* to the next heading."""
+    rest = markdown.split(heading, 1)[1]
+    return rest.split("\n#", 1)[0]
+
+
+def test_throughput_with_many_tasks_has_every_system_and_the_ratios(
+        smoke_report: tuple[str, Path]) -> None:
+    markdown, _ = smoke_report
+    figure = section_of(markdown, "### 8. Throughput")
+    assert THROUGHPUT_HEAD in figure
+    for label in THROUGHPUT_ROWS:
+        found = rows(figure, label)
+        assert found, f"no throughput row for {label}"
+        assert all(float(cell.replace(",", "")) > 0 for cell in found[0][1:]), found[0]
+    for ours, peer in (("tether, SQLite (default)", "DBOS Transact, SQLite"),
+                       ("tether, PostgreSQL", "DBOS Transact, PostgreSQL")):
+        ratio = rows(figure, f"**{ours} / {peer}**")
+        assert ratio and all(cell.endswith("x**") for cell in ratio[0][1:]), ratio
+
+
+def test_cross_process_p0_is_reported_for_each_store(smoke_report: tuple[str, Path]) -> None:
+    markdown, _ = smoke_report
+    figure = section_of(markdown, "### 9. P0 preemption from another process")
+    for store in ("SQLite", "PostgreSQL"):
+        found = rows(figure, store)
+        assert found, f"no cross-process P0 row for {store}"
+        trials, p50, p99, worst, idle, busy = found[0][1:]
+        assert int(trials) > 0 and 0 < float(p50) <= float(p99.strip("*")) <= float(worst)
+        assert float(idle) >= 0 and float(busy) >= 0
+
+
+def targets(markdown: str) -> dict[str, tuple[str, str, str]]:
+    """Each row of the targets table: its name -> (asked, this run, verdict)."""
+    lines = [line for line in section_of(markdown, "## Targets").splitlines()
+             if line.startswith("| ")]
+    cells = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in lines[1:]]
+    return {name: (asked, measured, verdict) for name, asked, measured, verdict in cells}
+
+
+def test_the_targets_of_issue_15_are_checked(smoke_report: tuple[str, Path]) -> None:
+    markdown, _ = smoke_report
+    found = targets(markdown)
+    asked = {  # the smoke run: S = 5 and 12, 20 interrupted tasks
+        "tether, SQLite (default) vs raw SQLite floor, 1 commit/step, S=5": "≤ 1.3x",
+        "tether, SQLite (default) vs raw SQLite floor, 1 commit/step, S=12": "≤ 1.3x",
+        "tether, PostgreSQL vs raw PostgreSQL floor, 1 commit/step, S=12": "≤ 1.3x",
+        "tether SQLite bytes written/step (WAL, checkpoints) vs raw SQLite floor, 1 commit/step,"
+        " last 3 steps": "≤ 2x",
+        "20 interrupted tasks recovered": "< 0.5 s",
+        "one 12-step task resumed": "< 10 ms",
+        "P0 preemption p99, from another process, SQLite": "< 20 ms",
+        "P0 preemption p99, from another process, PostgreSQL": "< 20 ms",
+    }
+    for name, target in asked.items():
+        assert name in found, f"no target row {name!r}"
+        wanted, measured, verdict = found[name]
+        assert wanted == target and verdict in ("met", "**missed**"), found[name]
+        assert measured[0].isdigit(), found[name]  # measured, whatever the machine made of it

@@ -63,7 +63,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
                              ) from exc
 
 # after the check above: these need psycopg too
-from tether.store import postgres_schema
+from tether.store import postgres_checkpoint, postgres_schema
 from tether.store.postgres_faults import (
     classify,
     connection_lost,
@@ -102,9 +102,6 @@ RETURNING t.task_id, t.fence, t.crashes,
 _RENEW = f"UPDATE tasks SET lease_until = {_CLOCK} + %s WHERE task_id = %s"
 _RELEASE = (f"UPDATE tasks SET lease_owner = NULL, lease_until = {_CLOCK} + %s, fence = fence + 1"
             " WHERE task_id = %s")
-_POINT_AT_HEAD = ("UPDATE tasks SET status = %s, updated_at = %s, head_version = %s, reason = %s,"
-                  f" wake_at = %s, lease_until = {_CLOCK} + %s, crashes = crashes * %s"
-                  " WHERE task_id = %s")
 _BLOBS = "SELECT digest, data FROM blobs WHERE digest = ANY(%s::text[])"
 _CHANNEL = "tether_work"
 """NOTIFY channel: a task was created or an event stored (sent when the transaction commits)."""
@@ -133,6 +130,8 @@ class PostgresStore(SQLBackend):
         self._ready = False
         self._opening = asyncio.Lock()
         self._listener: psycopg.AsyncConnection[Any] | None = None
+        self._group = postgres_checkpoint.GroupCommit(self._pool.connection,
+                                                      self._checkpoint_failure)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -266,24 +265,20 @@ class PostgresStore(SQLBackend):
     # ------------------------------------------------------------------ checkpoints
 
     async def commit(self, claim: Claim, checkpoint: Checkpoint, keep: int, lease_until: float) -> int:
-        now = time.time()
-        task_id = claim.task_id
-        async with self._tx() as conn:
-            head = await self._check_fence(conn, claim)
-            version = await self._run(conn, steps.next_version(task_id, head))
-            async with conn.pipeline():  # writes that need no answer go out in one round trip
-                await _execute(conn, steps.change(q.INSERT_SNAPSHOT, task_id, version, now,
-                                                  checkpoint.head))
-                failpoint("mid_checkpoint")
-                for batch in steps.checkpoint_batches(task_id, checkpoint, now):
-                    await _execute(conn, batch)
-                await conn.execute(_POINT_AT_HEAD, (
-                    checkpoint.status.value, now, version, checkpoint.reason, checkpoint.wake_at,
-                    lease_until - now, int(not checkpoint.progress), task_id))
-                if version > keep:
-                    await _execute(conn, steps.change(q.DROP_SNAPSHOTS_TO, task_id, version - keep))
-            await self._run(conn, steps.settle_inbox(task_id, checkpoint.status, now, checkpoint.wake_at))
-        return version
+        """One ``tether_checkpoint`` call, sharing a transaction with the checkpoints of other
+        tasks ready at the same moment (postgres_checkpoint)."""
+        params = postgres_checkpoint.call_params(claim, checkpoint, keep, lease_until, time.time())
+        await self._open()
+        failpoint("mid_checkpoint")  # killed here, nothing of the checkpoint was sent
+        return await self._group.write(claim, params)
+
+    async def _checkpoint_failure(self, exc: psycopg.Error, claim: Claim) -> Exception:
+        """What a checkpoint's caller gets for the database error its call met."""
+        if exc.sqlstate == postgres_checkpoint.TASK_MISSING:
+            return self._missing(claim.task_id, "; nothing was written")
+        if exc.sqlstate == postgres_checkpoint.LEASE_LOST:
+            return steps.lease_lost(claim, exc.diag.message_primary)
+        return await self._fault(exc, "; nothing was written")
 
     async def load_blobs(self, digests: Collection[str]) -> dict[str, bytes]:
         async with self._connection() as conn, conn.cursor(row_factory=dict_row) as cur:

@@ -182,9 +182,14 @@ def fenced(claim: Claim, row: rows.Row | None) -> rows.Row:
     if row is None:
         raise Missing(claim.task_id)
     if row["fence"] != claim.fence:
-        raise LeaseLost(f"task {claim.task_id}: lease fence {claim.fence} is stale (now {row['fence']});"
-                        " another worker took the task over, so this write was refused")
+        raise lease_lost(claim, row["fence"])
     return row
+
+
+def lease_lost(claim: Claim, fence_now: object) -> LeaseLost:
+    """The error for a write under *claim* after another worker moved the fence to *fence_now*."""
+    return LeaseLost(f"task {claim.task_id}: lease fence {claim.fence} is stale (now {fence_now});"
+                     " another worker took the task over, so this write was refused")
 
 
 def set_status(task_id: str, status: Status, reason: str | None, now: float,

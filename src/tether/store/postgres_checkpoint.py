@@ -1,0 +1,152 @@
+"""PostgreSQL checkpoints in one round trip, and several tasks' checkpoints in one transaction.
+
+A checkpoint is one call of the ``tether_checkpoint`` function (migration 3): the fence check,
+the new head, the dialog rows, the call records, the task row and the inbox's settling, in
+the order the SQLite store writes them. Called alone on an autocommit connection, it is its
+own transaction: one round trip, where five were needed before (BEGIN, the fence, the newest
+version, the writes, COMMIT).
+
+Group commit, as the SQLite store does it: the first checkpoint to arrive leads, yields to the
+event loop once so that every other task ready to commit joins it, then sends the batch as
+one transaction in one pipeline (one round trip, one WAL flush). If anything in a batch fails
+(a stale fence raises, and PostgreSQL then aborts the whole transaction), nothing of it
+landed, and each checkpoint is sent again on its own, so only its own task gets its own
+error. A checkpoint handed in is written even if its caller is cancelled meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import psycopg
+
+from tether.store import queries as q
+from tether.store import steps
+from tether.store.base import Checkpoint, Claim
+from tether.store.postgres_faults import connection_lost
+
+CALL = ("SELECT tether_checkpoint(%s::text, %s::bigint, %s::float8, %s::bigint, %s::bytea,"
+        " %s::text, %s::text, %s::float8, %s::float8, %s::boolean, %s::text[], %s::bytea[],"
+        " %s::int[], %s::int[], %s::bytea[], %s::bigint[], %s::text[], %s::text[], %s::text[],"
+        " %s::text[], %s::text[], %s::text[], %s::bytea[], %s::text[], %s::int[], %s::bytea[],"
+        " %s::text)")
+_WAKES = {q.URGENT: "urgent", q.LEVERS: "levers"}
+"""Which pending events wake the task after the write (steps.stranded_wake), as the function
+names them."""
+TASK_MISSING, LEASE_LOST = "TT404", "TT409"
+"""The SQLSTATEs ``tether_checkpoint`` raises."""
+
+
+def call_params(claim: Claim, checkpoint: Checkpoint, keep: int, lease_until: float,
+                now: float) -> tuple[Any, ...]:
+    """The arguments of one ``tether_checkpoint`` call, columns as arrays."""
+    calls = checkpoint.idempotency
+    wakes = steps.stranded_wake(checkpoint.status, checkpoint.wake_at, now)
+    return (
+        claim.task_id, claim.fence, now, keep, checkpoint.head,
+        checkpoint.status.value, checkpoint.reason, checkpoint.wake_at, lease_until - now,
+        checkpoint.progress,
+        list(checkpoint.blobs), list(checkpoint.blobs.values()),
+        [r.epoch for r in checkpoint.history], [r.seq for r in checkpoint.history],
+        [orjson.dumps(r.entry) for r in checkpoint.history],
+        [event_id for event_id, _ in checkpoint.events_done],
+        [str(disposition) for _, disposition in checkpoint.events_done],
+        [r.key for r in calls], [r.task_id for r in calls], [r.tool for r in calls],
+        [r.args_hash for r in calls], [r.status for r in calls],
+        [orjson.dumps(r.result) for r in calls], [r.error for r in calls],
+        [r.attempts for r in calls],
+        [orjson.dumps(r) for r in checkpoint.recovery_log],
+        None if wakes is None else _WAKES[wakes],
+    )
+
+
+Connect = Callable[[], AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]]
+"""Lends a pooled autocommit connection (database errors reach the caller as they are)."""
+Failure = Callable[[psycopg.Error, Claim], Awaitable[Exception]]
+"""The error a checkpoint's caller gets for a database error its call met."""
+
+
+@dataclass
+class _Pending:
+    claim: Claim
+    params: tuple[Any, ...]
+    done: asyncio.Future[int] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class GroupCommit:
+    """Batches the checkpoints of one PostgreSQL store.
+
+    *connect* lends a pooled autocommit connection; *failure* turns a database error met by
+    one checkpoint into the error its caller gets.
+    """
+
+    def __init__(self, connect: Connect, failure: Failure) -> None:
+        self._connect = connect
+        self._failure = failure
+        self._queue: list[_Pending] = []
+
+    async def write(self, claim: Claim, params: tuple[Any, ...]) -> int:
+        """Write one checkpoint; its new version once the transaction holding it committed."""
+        pending = _Pending(claim, params)
+        self._queue.append(pending)
+        if len(self._queue) == 1:
+            await asyncio.sleep(0)  # the other tasks ready to commit join this batch
+            batch, self._queue = self._queue, []
+            await asyncio.shield(self._send(batch))
+        return await pending.done
+
+    async def _send(self, batch: list[_Pending]) -> None:
+        try:
+            if len(batch) == 1:
+                await self._alone(batch[0])
+            else:
+                await self._together(batch)
+        except BaseException as exc:  # no caller may be left waiting forever
+            for pending in batch:
+                if not pending.done.done():
+                    pending.done.set_exception(exc)
+            raise
+
+    async def _alone(self, pending: _Pending) -> None:
+        try:
+            async with self._connect() as conn:
+                cursor = await conn.execute(CALL, pending.params)
+                row = await cursor.fetchone()
+        except psycopg.Error as exc:
+            _settle(pending, error=await self._failure(exc, pending.claim))
+            return
+        _settle(pending, version=int(row[0]) if row else 0)
+
+    async def _together(self, batch: list[_Pending]) -> None:
+        """One transaction in one pipeline. If the server refused it (a stale fence in it),
+        nothing landed and each is sent on its own; if the connection broke, a commit may
+        have landed, so nothing is sent again and every caller hears of the failure."""
+        try:
+            async with self._connect() as conn, conn.pipeline(), conn.transaction():
+                cursors = [await conn.execute(CALL, pending.params) for pending in batch]
+            versions = [await cursor.fetchone() for cursor in cursors]
+        except psycopg.Error as exc:
+            if exc.sqlstate is None or connection_lost(exc):
+                for pending in batch:
+                    _settle(pending, error=await self._failure(exc, pending.claim))
+                return
+            for pending in batch:
+                await self._alone(pending)
+            return
+        for pending, row in zip(batch, versions, strict=True):
+            _settle(pending, version=int(row[0]) if row else 0)
+
+
+def _settle(pending: _Pending, version: int = 0, error: BaseException | None = None) -> None:
+    if pending.done.done():  # its caller was cancelled: the checkpoint was written all the same
+        return
+    if error is not None:
+        pending.done.set_exception(error)
+    else:
+        pending.done.set_result(version)

@@ -1,0 +1,85 @@
+"""R13 on PostgreSQL (issue 15): a checkpoint is one ``tether_checkpoint`` call, and the
+checkpoints of tasks committing side by side share one transaction, as on SQLite. A stale
+fence in a batch fails only its own task; a cancelled caller's checkpoint is still written."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+import psycopg
+import pytest
+
+from tether.errors import LeaseLost, TaskNotFound
+from tether.model import Status
+from tether.store.base import Checkpoint, Claim
+from tether.store.conformance.helpers import LEASE, claim, head, make_task
+from tether.store.postgres import PostgresStore
+
+pytestmark = pytest.mark.postgres
+
+
+def checkpoint(task_id: str, step: int) -> Checkpoint:
+    return Checkpoint(head=head(task_id, Status.RUNNING, step), status=Status.RUNNING)
+
+
+def writers_of(url: str, version: int) -> dict[str, int]:
+    """The transaction (xmin) that wrote each task's snapshot row *version*."""
+    with psycopg.connect(url) as conn:
+        found = conn.execute("SELECT task_id, xmin::text::bigint FROM snapshots"
+                             " WHERE version = %s", (version,)).fetchall()
+    return {task_id: xid for task_id, xid in found}
+
+
+async def leased(store: PostgresStore, names: list[str]) -> list[Claim]:
+    now = time.time()
+    for name in names:
+        await make_task(store, name)
+    return [await claim(store, name, now) for name in names]
+
+
+async def test_checkpoints_committing_together_share_one_transaction(pg_url: str) -> None:
+    store = PostgresStore(pg_url)
+    leases = await leased(store, [f"t{n}" for n in range(12)])
+    now = time.time()
+    versions = await asyncio.gather(*(store.commit(lease, checkpoint(lease.task_id, 1), 10,
+                                                   now + LEASE) for lease in leases))
+    assert versions == [2] * 12
+    assert len(set(writers_of(pg_url, 2).values())) == 1
+    await store.commit(leases[0], checkpoint("t0", 2), 10, now + LEASE)  # alone: its own
+    assert writers_of(pg_url, 3)["t0"] not in set(writers_of(pg_url, 2).values())
+    await store.close()
+
+
+async def test_a_stale_fence_in_a_batch_fails_only_its_own_task(pg_url: str) -> None:
+    store = PostgresStore(pg_url)
+    a, b, c = await leased(store, ["a", "b", "c"])
+    stale = dataclasses.replace(b, fence=b.fence - 1)
+    now = time.time()
+    found = await asyncio.gather(
+        store.commit(a, checkpoint("a", 1), 10, now + LEASE),
+        store.commit(stale, checkpoint("b", 1), 10, now + LEASE),
+        store.commit(c, checkpoint("c", 1), 10, now + LEASE),
+        store.commit(dataclasses.replace(a, task_id="gone"), checkpoint("gone", 1), 10, now + LEASE),
+        return_exceptions=True)
+    assert found[0] == 2 and found[2] == 2
+    assert isinstance(found[1], LeaseLost) and f"stale (now {b.fence})" in str(found[1])
+    assert isinstance(found[3], TaskNotFound)
+    assert (await store.get_task("b")).head_version == 1  # nothing of it landed
+    assert set(writers_of(pg_url, 2)) == {"a", "c"}
+    await store.close()
+
+
+async def test_a_cancelled_caller_s_checkpoint_is_still_written(pg_url: str) -> None:
+    store = PostgresStore(pg_url)
+    a, b = await leased(store, ["a", "b"])
+    now = time.time()
+    leader = asyncio.ensure_future(store.commit(a, checkpoint("a", 1), 10, now + LEASE))
+    follower = asyncio.ensure_future(store.commit(b, checkpoint("b", 1), 10, now + LEASE))
+    await asyncio.sleep(0)  # both have handed their checkpoints in; the leader is yielding
+    follower.cancel()
+    assert await leader == 2
+    assert follower.cancelled()
+    assert (await store.get_task("b")).head_version == 2
+    await store.close()
