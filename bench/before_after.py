@@ -2,14 +2,18 @@
 
 Checks the older revision out into a temporary git worktree and runs the workload of
 ``systems.py`` with each tree's ``src`` first on the path, in interleaved rounds,
-with the raw SQLite floors in the same rounds:
+with the raw SQLite floors in the same rounds; with ``--postgres``, also tether's
+PostgreSQL store and the raw PostgreSQL floor (a fresh database each run; bytes per step
+are the server's WAL growth, as ``systems.py`` measures them):
 
     .bench-venv/bin/python bench/before_after.py --before dc72266 --steps 1000 --rounds 5
+    .bench-venv/bin/python bench/before_after.py --before dc72266 --postgres
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import subprocess
 import sys
@@ -17,11 +21,13 @@ import tempfile
 from pathlib import Path
 
 from compare import PG, RunFailed, run_system
-from workload import byte_marks
+from workload import byte_marks, byte_window
 
 HERE = Path(__file__).resolve().parent
 SYSTEMS = ("tether-memory", "tether-sqlite", "tether-sqlite-synced")
 FLOORS = ("bare", "floor-1", "floor-2")
+POSTGRES_SYSTEMS = ("tether-postgres",)
+POSTGRES_FLOORS = ("floor-postgres",)
 
 
 def main() -> None:
@@ -29,33 +35,47 @@ def main() -> None:
     parser.add_argument("--before", required=True, help="the git revision to compare with")
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--postgres", action="store_true",
+                        help="also tether's PostgreSQL store and the raw PostgreSQL floor")
+    parser.add_argument("--pg", default=PG)
     args = parser.parse_args()
+    floors = FLOORS + (POSTGRES_FLOORS if args.postgres else ())
+    systems = SYSTEMS + (POSTGRES_SYSTEMS if args.postgres else ())
     tree = Path(tempfile.mkdtemp(prefix="tether-before-")) / "tree"
     subprocess.run(["git", "worktree", "add", "-q", "--detach", str(tree), args.before],
                    cwd=HERE, check=True)
     trees = {"before": tree / "src", "after": HERE.parent / "src"}
     seconds: dict[str, list[float]] = {}
     written: dict[str, float] = {}
+    marks = byte_marks(args.steps)
+    last = str(marks[-1]) if marks else ""
+
+    def run(name: str, label: str | None, round_: int) -> None:
+        """One run; in the first round also its bytes per step (the floors' too, for scale)."""
+        extra = ("--bytes",) if round_ == 0 and name != "bare" else ()
+        src = trees[label] if label else None
+        found = run_system(name, args.steps, None, args.pg, *extra, src=src)
+        key = f"{name} {label}" if label else name
+        seconds.setdefault(key, []).extend(found["step_seconds"])
+        if last in found["bytes_at"]:
+            written[key] = found["bytes_at"][last]
+
     try:
         for round_ in range(args.rounds):
-            for name in FLOORS:
-                seconds.setdefault(name, []).extend(
-                    run_system(name, args.steps)["step_seconds"])
-            for system in SYSTEMS:
-                for label, src in trees.items():
-                    extra = ("--bytes",) if round_ == 0 else ()
-                    found = run_system(system, args.steps, None, PG, *extra, src=src)
-                    seconds.setdefault(f"{system} {label}", []).extend(found["step_seconds"])
-                    if found["bytes_at"]:
-                        last = str(byte_marks(args.steps)[-1])
-                        written[f"{system} {label}"] = found["bytes_at"][last]
+            for name in floors:
+                run(name, None, round_)
+            for system in systems:
+                for label in trees:
+                    run(system, label, round_)
     except RunFailed as failure:
         sys.exit(f"a run failed: {failure}")
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=HERE, check=False)
+        shutil.rmtree(tree.parent, ignore_errors=True)
     bare = statistics.median(seconds["bare"]) * 1e3
     print(f"{args.steps} steps, {args.rounds} interleaved rounds; ms per step over the bare"
-          f" loop ({bare:.3f} ms), median")
+          f" loop ({bare:.3f} ms), median; bytes written per step over the last"
+          f" {byte_window(args.steps)} steps (SQLite: the process's writes; PostgreSQL: WAL)")
     for name, values in seconds.items():
         over = statistics.median(values) * 1e3 - bare
         extra = f"  {written[name]:>9,.0f} bytes/step" if name in written else ""

@@ -1,9 +1,11 @@
 """tether against the tools users would pick instead, side by side in one run (issue 7).
 
 Runs the workload of ``workload.py`` on every system of ``systems.py`` (each run its
-own process, rounds interleaved so that a noisy moment hits every system alike),
-then tether's own figures (``tether_figures.py``, ``postgres_workers.py``), and
-writes ``docs/benchmarks.md`` with a plot of overhead per step against S.
+own process, rounds interleaved so that a noisy moment hits every system alike), the
+same workload with many tasks in one worker beside DBOS (``throughput.py``, issue 15),
+then tether's own figures (``tether_figures.py``, ``cross_process_p0.py``,
+``postgres_workers.py``), and writes ``docs/benchmarks.md`` with a plot of overhead per
+step against S.
 
     python3 -m venv .bench-venv
     .bench-venv/bin/pip install -e '.[postgres]' -r bench/requirements.txt
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import report
+import throughput
 
 HERE = Path(__file__).resolve().parent
 DOCS = HERE.parent / "docs"
@@ -146,6 +149,19 @@ def tether_figure(name: str, n: int, work: Path) -> dict[str, Any]:
         return python_json(["tether_figures.py", name, str(folder), str(n)])
 
 
+def run_throughput(system: str, tasks: int, steps: int, work: Path, pg: str) -> dict[str, Any]:
+    """One (system, N) of ``throughput.py`` in a process of its own."""
+    with scratch(f"throughput-{system}", work) as folder:
+        return python_json(["throughput.py", system, str(tasks), str(steps), str(folder),
+                            "--pg", pg])
+
+
+def cross_process_p0(store: str, pg: str, trials: int, cpu_seconds: float) -> dict[str, Any]:
+    """A P0 emitted from another process than the worker's, until the pause is committed."""
+    return python_json(["cross_process_p0.py", "--store", store, "--pg", pg, "--trials",
+                        str(trials), "--cpu-seconds", str(cpu_seconds), "--json"])
+
+
 def postgres_throughput(pg: str, workers: list[int], tasks: int, steps: int) -> dict[int, float]:
     sys.path.insert(0, str(HERE))
     import postgres_workers
@@ -183,6 +199,12 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--idle-tasks", type=int, default=10_000)
     parser.add_argument("--workers", default="1,2,4")
+    parser.add_argument("--throughput-tasks", default="1,16,256",
+                        help="tasks side by side in one worker, comma-separated")
+    parser.add_argument("--throughput-steps", type=int, default=20, help="steps of each task")
+    parser.add_argument("--p0-trials", type=int, default=200, help="cross-process P0 trials")
+    parser.add_argument("--p0-cpu-seconds", type=float, default=3.0,
+                        help="seconds the worker's CPU is measured, idle and busy")
     parser.add_argument("--smoke", action="store_true", help="everything tiny: checks the script")
     parser.add_argument("--out", type=Path, default=DOCS / "benchmarks.md")
     parser.add_argument("--plot", type=Path, default=DOCS / "img" / "benchmarks-overhead.png")
@@ -190,6 +212,8 @@ def main() -> None:
     if args.smoke:
         args.steps, args.rounds, args.recover_tasks, args.trials = "5,12", 1, 20, 20
         args.events, args.idle_tasks, args.workers = 50, 50, "1"
+        args.throughput_tasks, args.throughput_steps = "1,4", 3
+        args.p0_trials, args.p0_cpu_seconds = 5, 0.3
     sizes = sorted(int(s) for s in args.steps.split(","))
     started = time.time()
 
@@ -198,6 +222,9 @@ def main() -> None:
 
     no_pg = "--no-postgres given" if args.no_postgres else postgres_reachable(args.pg)
     systems = list(SQLITE_SYSTEMS) + ([] if no_pg else list(POSTGRES_SYSTEMS))
+    many = [s for s in throughput.SYSTEMS if not (no_pg and s.endswith("postgres"))]
+    task_counts = sorted(int(n) for n in args.throughput_tasks.split(","))
+    stores = ["sqlite"] + ([] if no_pg else ["postgres"])
     with scratch("tether-compare") as work:
         results: dict[str, Any] = {
             "steps": step_costs(systems, sizes, args.rounds, work, args.pg, say),
@@ -209,6 +236,15 @@ def main() -> None:
                                say),
             "preempt": attempt("preempt", lambda: tether_figure("preempt", args.trials, work),
                                say),
+            "preempt_cross": {store: attempt(f"P0 from another process: {store}",
+                                             lambda store=store: cross_process_p0(
+                                                 store, args.pg, args.p0_trials,
+                                                 args.p0_cpu_seconds), say)
+                              for store in stores},
+            "throughput": {"steps": args.throughput_steps, "rates": throughput.interleaved(
+                lambda system, tasks: run_throughput(system, tasks, args.throughput_steps,
+                                                     work, args.pg),
+                many, task_counts, args.rounds, say)},
             "ingest": attempt("ingest", lambda: tether_figure("ingest", args.events, work), say),
             "idle": attempt("idle", lambda: tether_figure("idle", args.idle_tasks, work), say),
             "workers": None if no_pg else attempt("postgres workers", lambda: postgres_throughput(

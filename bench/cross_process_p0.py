@@ -9,12 +9,15 @@ idle (no task) and while holding a running task, per second of wall time.
 
     python bench/cross_process_p0.py --store sqlite --trials 20
     python bench/cross_process_p0.py --store postgres --pg postgresql://postgres@127.0.0.1/test
+
+``--json`` prints the figures as one JSON line instead (``compare.py`` reads it).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import subprocess
@@ -122,6 +125,7 @@ def main() -> None:
     parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/test")
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--cpu-seconds", type=float, default=3.0)
+    parser.add_argument("--json", action="store_true", help="print one JSON line")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tether-p0-") as folder:
         if args.store == "sqlite":
@@ -131,6 +135,9 @@ def main() -> None:
             with fresh_database(args.pg) as url:
                 asyncio.run(_migrate(url))
                 found = asyncio.run(measure(url, args.trials, args.cpu_seconds))
+    if args.json:
+        print(json.dumps({"store": args.store, **found}))
+        return
     print(f"{args.store}: P0 from another process until paused and committed, {found['trials']}"
           f" trials: p50 {found['p50_ms']:.1f} ms, p90 {found['p90_ms']:.1f} ms,"
           f" p99 {found['p99_ms']:.1f} ms, max {found['max_ms']:.1f} ms; worker CPU idle"
