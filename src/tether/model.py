@@ -500,16 +500,21 @@ Check = typing.Callable[[Any], bool]
 
 def _checker(hint: Any) -> Check:
     """A test of whether a decoded JSON value fits a field's type hint, built once per field
-    (nested dataclasses are checked field by field too)."""
+    (nested dataclasses are checked field by field too). Every claimed head is checked, so
+    ``X | None`` is tested without a loop over its options, and lists through ``map``."""
     origin = typing.get_origin(hint)
     if hint is Any or origin is dict:
         return (lambda _: True) if hint is Any else (lambda v: isinstance(v, dict))
     if origin is typing.Union or origin is types.UnionType:
-        options = [_checker(arg) for arg in typing.get_args(hint)]
+        args = typing.get_args(hint)
+        if len(args) == 2 and type(None) in args:
+            inner = _checker(next(arg for arg in args if arg is not type(None)))
+            return lambda v: v is None or inner(v)
+        options = [_checker(arg) for arg in args]
         return lambda v: any(fits(v) for fits in options)
     if origin is list:
         item = _checker(typing.get_args(hint)[0])
-        return lambda v: isinstance(v, list) and all(item(x) for x in v)
+        return lambda v: isinstance(v, list) and all(map(item, v))
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return lambda v: isinstance(v, dict) and _shaped(hint, v)
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
@@ -554,8 +559,9 @@ _SHAPED = (Snapshot, Frame, AgendaEntry, CallState, RecoveryState, Resource)
 _FIELDS: dict[type[Any], set[str]] = {
     cls: {f.name for f in dataclasses.fields(cls)} for cls in _SHAPED}
 _HINTS: dict[type[Any], dict[str, Any]] = {cls: typing.get_type_hints(cls) for cls in _SHAPED}
-_CHECKS: dict[type[Any], list[tuple[str, Check]]] = {
-    cls: [(name, _checker(hint)) for name, hint in _HINTS[cls].items()] for cls in _SHAPED}
+_CHECKS: dict[type[Any], list[tuple[str, Check]]] = {  # an Any field fits whatever it holds
+    cls: [(name, _checker(hint)) for name, hint in _HINTS[cls].items() if hint is not Any]
+    for cls in _SHAPED}
 
 
 @dataclass(frozen=True)

@@ -180,6 +180,49 @@ async def test_r13_one_failed_lease_renewal_does_not_stop_later_renewals(monkeyp
     await h.close()
 
 
+async def test_r13_each_lease_is_renewed_a_third_of_a_lease_after_it_was_taken_not_sooner(
+        monkeypatch):
+    """R13: a worker renews each lease once a third of it has passed since it was taken or
+    last renewed, so a lease taken a moment ago is not written again (every renewal is a
+    write); a task that outlives a third of its lease is still renewed, and keeps it."""
+    lease = 0.6
+    h = tt.Harness("memory://", settings=fast_settings(lease_seconds=lease, poll_interval=0.05))
+
+    @h.tool()
+    async def work(ctx: tt.ToolContext) -> str:
+        await asyncio.sleep(lease / 2)
+        return "done"
+
+    @h.agent("a")
+    class A(tt.Agent):
+        async def plan(self, t):
+            return tt.ToolCall("work") if t.last_tool_result is None else tt.Finish(1)
+
+    starts: dict[str, list[float]] = {}  # each lease's start, as the worker gave it to the store
+    renewed_after: list[float] = []
+    claim, renew = h.store.claim, h.store.renew
+
+    async def claiming(worker: str, now: float, lease_seconds: float, busy: Any = ()) -> Any:
+        taken = await claim(worker, now, lease_seconds, busy=busy)
+        if taken is not None:
+            starts[taken.task_id] = [now]
+        return taken
+
+    async def renewing(held: Any, until: float) -> None:
+        renewed_after.append(until - lease - starts[held.task_id][-1])
+        starts[held.task_id].append(until - lease)
+        await renew(held, until)
+
+    monkeypatch.setattr(h.store, "claim", claiming)
+    monkeypatch.setattr(h.store, "renew", renewing)
+    tids = [await h.submit("a") for _ in range(5)]
+    await h.run_until_idle(concurrency=1, timeout=20)  # one after another: claims spread out
+    assert [await status_of(h, tid) for tid in tids] == [Status.COMPLETED] * 5
+    assert renewed_after, "tasks held longer than a third of their lease were never renewed"
+    assert min(renewed_after) >= lease / 3 - 0.005, renewed_after
+    await h.close()
+
+
 @pytest.mark.parametrize("wake", ["timer", "approval_event"])
 async def test_e6_parked_task_whose_claimer_died_is_claimable_again_as_a_crash(wake: str):
     """E6 (r3): a waiting task that became due (timer or approval event) is claimed by a

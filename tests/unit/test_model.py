@@ -202,6 +202,31 @@ def test_corrupt_snapshot_names_task_and_version(data: bytes) -> None:
     assert "task-7" in message and "42" in message
 
 
+@pytest.mark.parametrize(
+    ("where", "field", "value"),
+    [
+        ("call", "retry_at", "soon"),  # float | None
+        ("call", "error", 5),  # str | None
+        ("recovery", "fingerprints", ["fp", 1]),  # list[str]: one bad item is enough
+        ("head", "history_segments", [[0, "4"]]),  # list[list[int]]
+        ("head", "max_steps", 2.5),  # int | None
+        ("head", "trace", ["span"]),  # dict | None
+    ],
+)
+def test_a_field_of_the_wrong_type_is_damage_none_where_allowed_is_not(
+        where: str, field: str, value: Any) -> None:
+    """R8, R13: every field of a stored head is checked against its declared type, an
+    optional one too (None fits it; a value of another type is damage, named by field)."""
+    raw = orjson.loads(_full_snapshot().dumps())
+    part = raw if where == "head" else raw[where]
+    if field in ("retry_at", "error", "max_steps", "trace"):
+        part[field] = None
+        assert Snapshot.loads(orjson.dumps(raw), "t1", 3) is not None
+    part[field] = value
+    with pytest.raises(CorruptSnapshot, match=field):
+        Snapshot.loads(orjson.dumps(raw), "t1", 3)
+
+
 def test_a_format_6_agenda_is_upgraded_to_entries_with_their_open_call() -> None:
     """R8, E8: a head written before agenda entries were objects (format 6: the action, who
     planned it and an open call put aside, all in one flat dict) loads as AgendaEntry objects,
