@@ -5,10 +5,12 @@ is written even if its caller is cancelled before the batch commits (R13)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 
 import tether as tt
+from tether.errors import LeaseLost
 from tether.model import Status
 from tether.store import SQLiteStore
 from tether.store.base import Checkpoint
@@ -100,3 +102,25 @@ async def test_many_tasks_run_by_one_worker_need_far_fewer_transactions_than_ste
     assert transactions < 50 + checkpoints / 2, f"{transactions} transactions, {checkpoints}" \
         " checkpoints"
     await h.close()
+
+
+async def test_releases_of_tasks_ending_together_share_one_transaction(tmp_path: Path) -> None:
+    """A worker recovering many tasks ends them together: their releases share a commit, and
+    a stale lease among them fails alone (issue 15)."""
+    store = SQLiteStore(str(tmp_path / "t.db"))
+    now = time.time()
+    leases = []
+    for n in range(10):
+        await make_task(store, f"t{n}")
+        leases.append(await claim(store, f"t{n}", now))
+    stale = dataclasses.replace(leases[3], fence=leases[3].fence - 1)
+    commits = count_commits(store)
+    found = await asyncio.gather(*(store.release(lease) for lease in [*leases[:3], stale,
+                                                                     *leases[4:]]),
+                                 return_exceptions=True)
+    assert len(commits) == 1
+    assert isinstance(found[3], LeaseLost)
+    assert [found[n] for n in range(10) if n != 3] == [None] * 9
+    owners = [(await store.get_task(f"t{n}")).lease_owner for n in range(10)]
+    assert owners == [None, None, None, "w1", *[None] * 6]
+    await store.close()
