@@ -15,6 +15,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -76,12 +77,22 @@ def test_r10_a_worker_killed_after_the_answer_resumes_without_a_second_completio
         asyncio.run(_submit(tmp_path, fake.url))
         assert run_child(tmp_path, fake.url, point) == KILLED
         assert fake.completions == 1  # the answer came, then the worker died
+        wait_out_dead_lease(tmp_path / "t.db")
         assert run_child(tmp_path, fake.url, None) == 0
         assert fake.completions == 2  # only the step after the tool: zero extra
     info = asyncio.run(_info(tmp_path, fake.url))
     assert info.record.status is tt.Status.COMPLETED and info.snapshot.result == "Refunded."
     with sqlite3.connect(tmp_path / "ledger.db") as conn:
         assert conn.execute("SELECT COUNT(*) FROM paid").fetchone()[0] == 1
+
+
+def wait_out_dead_lease(db: Path) -> None:
+    """Until the killed worker's lease on t1 has run out (a worker run until idle finds no
+    claimable work under a live lease and stops; a child that started quicker than the lease
+    lasts would do nothing)."""
+    with sqlite3.connect(db) as conn:
+        (until,) = conn.execute("SELECT lease_until FROM tasks WHERE task_id = 't1'").fetchone()
+    time.sleep(max(0.0, until - time.time()) + 0.05)
 
 
 async def _submit(tmp: Path, url: str) -> None:
