@@ -94,6 +94,24 @@ def run_postgres_floor(meter: Meter, steps: int, url: str) -> None:
 # ---------------------------------------------------------------------------- tether
 
 
+def bench_harness(meter: Meter, steps: int, url: str,
+                  settings: tt.Settings | None = None) -> tt.Harness:
+    """tether with the workload's tool and agent registered (also used by throughput.py)."""
+    harness = tt.Harness(url, settings=settings)
+
+    @harness.tool()
+    async def work(ctx: tt.ToolContext, payload: str, n: int) -> str:
+        return meter.tool_called(n)
+
+    @harness.agent("bench")
+    class Bench(tt.Agent):
+        async def plan(self, task: tt.TaskView) -> tt.Action:
+            call = fake_model(task.step, steps)
+            return tt.Finish(task.step) if call is None else tt.ToolCall("work", call["args"])
+
+    return harness
+
+
 def run_tether(meter: Meter, steps: int, url: str, settings: tt.Settings | None = None,
                resume: bool = False) -> None:
     """With *resume*, the task a killed process left behind is picked up (its lease is short)."""
@@ -102,19 +120,7 @@ def run_tether(meter: Meter, steps: int, url: str, settings: tt.Settings | None 
         settings = dataclasses.replace(settings, lease_seconds=LEASE)
 
     async def main() -> None:
-        harness = tt.Harness(url, settings=settings)
-
-        @harness.tool()
-        async def work(ctx: tt.ToolContext, payload: str, n: int) -> str:
-            return meter.tool_called(n)
-
-        @harness.agent("bench")
-        class Bench(tt.Agent):
-            async def plan(self, task: tt.TaskView) -> tt.Action:
-                call = fake_model(task.step, steps)
-                return tt.Finish(task.step) if call is None else tt.ToolCall("work", call["args"])
-
-        async with harness:
+        async with bench_harness(meter, steps, url, settings) as harness:
             if not resume:
                 await harness.submit("bench")
             await harness.run_until_idle(concurrency=1)
@@ -183,12 +189,10 @@ def run_langgraph_postgres(meter: Meter, steps: int, url: str) -> None:
 # ---------------------------------------------------------------------------- DBOS
 
 
-def run_dbos(meter: Meter, steps: int, url: str, resume: bool = False) -> None:
-    """A DBOS workflow whose model turns and tool calls are steps (each one recorded).
-
-    With *resume*, DBOS's own recovery at launch re-runs the workflow a killed process
-    left pending, answering the steps already recorded from its step table."""
-    from dbos import DBOS, SetWorkflowID
+def dbos_agent(meter: Meter, steps: int, url: str) -> Callable[[], int]:
+    """DBOS configured on *url*, and the workload as a DBOS workflow whose model turns and
+    tool calls are steps, each one recorded (also used by throughput.py)."""
+    from dbos import DBOS
 
     DBOS(config={"name": "tether-bench", "system_database_url": url,
                  "log_level": "WARNING"})
@@ -208,6 +212,16 @@ def run_dbos(meter: Meter, steps: int, url: str, resume: bool = False) -> None:
             dialog += [call, work(**call["args"])]
         return len(dialog) // 2
 
+    return agent
+
+
+def run_dbos(meter: Meter, steps: int, url: str, resume: bool = False) -> None:
+    """One DBOS workflow of the workload. With *resume*, DBOS's own recovery at launch re-runs
+    the workflow a killed process left pending, answering the steps already recorded from
+    its step table."""
+    from dbos import DBOS, SetWorkflowID
+
+    agent = dbos_agent(meter, steps, url)
     DBOS.launch()
     if resume:
         DBOS.retrieve_workflow(WORKFLOW_ID).get_result()

@@ -34,10 +34,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from systems import fresh_database
-from workload import Meter, fake_model
-
-import tether as tt
+from systems import bench_harness, dbos_agent, fresh_database
+from workload import Meter
 
 SYSTEMS = ("tether-sqlite", "dbos-sqlite", "tether-postgres", "dbos-postgres")
 PEERS = {"tether-sqlite": "dbos-sqlite", "tether-postgres": "dbos-postgres"}
@@ -54,18 +52,7 @@ def run_tether(meter: Meter, tasks: int, steps: int, url: str) -> Span:
     """N tether tasks of the workload, submitted, then run by one worker N at a time."""
 
     async def main() -> Span:
-        harness = tt.Harness(url)
-
-        @harness.tool()
-        async def work(ctx: tt.ToolContext, payload: str, n: int) -> str:
-            return meter.tool_called(n)
-
-        @harness.agent("bench")
-        class Bench(tt.Agent):
-            async def plan(self, task: tt.TaskView) -> tt.Action:
-                call = fake_model(task.step, steps)
-                return tt.Finish(task.step) if call is None else tt.ToolCall("work", call["args"])
-
+        harness = bench_harness(meter, steps, url)
         async with harness:
             began = time.perf_counter()
             for _ in range(tasks):
@@ -84,23 +71,7 @@ def run_dbos(meter: Meter, tasks: int, steps: int, url: str) -> Span:
     """N DBOS workflows of the workload from one queue, all of them running at once."""
     from dbos import DBOS
 
-    DBOS(config={"name": "tether-bench", "system_database_url": url, "log_level": "WARNING"})
-
-    @DBOS.step()
-    def model_turn(results: int) -> dict[str, Any] | None:
-        return fake_model(results, steps)
-
-    @DBOS.step()
-    def work(payload: str, n: int) -> str:
-        return meter.tool_called(n)
-
-    @DBOS.workflow()
-    def agent() -> int:
-        dialog: list[Any] = []
-        while (call := model_turn(len(dialog) // 2)) is not None:
-            dialog += [call, work(**call["args"])]
-        return len(dialog) // 2
-
+    agent = dbos_agent(meter, steps, url)
     DBOS.launch()
     try:
         began = time.perf_counter()

@@ -121,7 +121,7 @@ class GroupCommit:
         except psycopg.Error as exc:
             _settle(pending, error=await self._failure(exc, pending.claim))
             return
-        _settle(pending, version=int(row[0]) if row else 0)
+        _settle(pending, version=_version(row))
 
     async def _together(self, batch: list[_Pending]) -> None:
         """One transaction in one pipeline. If the server refused it (a stale fence in it),
@@ -140,7 +140,13 @@ class GroupCommit:
                 await self._alone(pending)
             return
         for pending, row in zip(batch, versions, strict=True):
-            _settle(pending, version=int(row[0]) if row else 0)
+            _settle(pending, version=_version(row))
+
+
+def _version(row: tuple[Any, ...] | None) -> int:
+    """The new version ``tether_checkpoint`` returned (a SELECT of a function: one row)."""
+    assert row is not None
+    return int(row[0])
 
 
 def _settle(pending: _Pending, version: int = 0, error: BaseException | None = None) -> None:

@@ -202,13 +202,6 @@ def set_status(task_id: str, status: Status, reason: str | None, now: float,
 # ------------------------------------------------------------------ checkpoints
 
 
-def next_version(task_id: str, head: int) -> Steps[int]:
-    """The version number a new head gets: past the task's head and past every version kept,
-    so a number is never reused, even after someone tampered with the rows."""
-    row = yield one(q.NEWEST_VERSION, task_id)
-    return version_after(head, row)
-
-
 def version_after(head: int, newest: rows.Row) -> int:
     """The next version number, given the task's head and the row of
     :data:`tether.store.queries.NEWEST_VERSION`."""
