@@ -59,6 +59,8 @@ class TaskView:
         self._frame: Frame = frame or snapshot.frame
         self.scratch = scratch
         self.history = HistoryView(history)
+        self.completions: list[dict[str, Any]] = []
+        """Completions recorded during this plan, for the runner to write."""
 
     @property
     def task_id(self) -> str:
@@ -116,9 +118,45 @@ class TaskView:
         return MappingProxyType(mode) if mode is not None else None
 
     @property
+    def usage(self) -> Mapping[str, int]:
+        """What the task's model calls have cost so far (completions, prompt_tokens,
+        completion_tokens), including completions recorded during this plan."""
+        usage = dict(self._snapshot.usage)
+        for record in self.completions:
+            for name, value in completion_usage(record).items():
+                usage[name] = usage.get(name, 0) + value
+        return MappingProxyType(usage)
+
+    def record_completion(self, model: str, *, usage: Mapping[str, int] | None = None,
+                          finish_reason: str | None = None, seconds: float = 0.0,
+                          rejected: Sequence[Mapping[str, Any]] = (),
+                          text: str | None = None) -> None:
+        """Record one model completion this plan paid for, even if the plan then fails: the
+        runner adds it to the dialog (a ``model`` row) and to the task's usage, which
+        ``show``, the bundle and ``/metrics`` report, and which bounds a looping model.
+        *rejected* lists tool calls the answer asked for that could not be made (each with
+        ``name``, ``arguments`` and ``error``), so the next prompt can say what was wrong;
+        *text* is what the answer said beside them when nothing else of it is kept."""
+        record: dict[str, Any] = {"model": model, "finish_reason": finish_reason,
+                                  "seconds": round(seconds, 3),
+                                  "usage": {k: int(v) for k, v in (usage or {}).items()}}
+        if rejected:
+            record["rejected"] = [dict(call) for call in rejected]
+        if text:
+            record["text"] = text
+        self.completions.append(record)
+
+    @property
     def signals(self) -> Mapping[str, Any]:
         """The newest payload of each P3/P4 event type (progress and the like)."""
         return MappingProxyType(self._snapshot.signals)
+
+
+def completion_usage(record: Mapping[str, Any]) -> dict[str, int]:
+    """What one completion record adds to a task's usage."""
+    tokens = record.get("usage") or {}
+    return {"completions": 1, "prompt_tokens": int(tokens.get("prompt_tokens", 0)),
+            "completion_tokens": int(tokens.get("completion_tokens", 0))}
 
 
 class CutOff(Exception):

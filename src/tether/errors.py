@@ -94,6 +94,12 @@ class OutcomeUnknown(TetherError):
     came: tether will not retry it blindly; it asks the reconcile hook or a person."""
 
 
+class NeedsPerson(TetherError):
+    """Raised by an agent's plan when no retry can help (a provider's content filter refused
+    the answer, the model keeps sending calls it cannot make): the task goes to a person at
+    once, with this message as the reason."""
+
+
 class NotRetryable(TetherError):
     """Raise this from a tool to stop its retries: the failure will not go away by itself."""
 

@@ -58,6 +58,13 @@ def _v6_to_v7(raw: Raw) -> Raw:
     return raw
 
 
+def _v7_to_v8(raw: Raw) -> Raw:
+    """Format 8 counts what a task spends: model usage and repeated side-effecting calls."""
+    raw.setdefault("usage", {})
+    raw.setdefault("side_effects", {})
+    return raw
+
+
 def _agenda_entry(flat: Any) -> Any:
     if not isinstance(flat, dict):
         return flat  # damage: the shape check names it
@@ -67,7 +74,8 @@ def _agenda_entry(flat: Any) -> Any:
 
 
 MIGRATIONS: dict[int, Callable[[Raw], Raw]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4,
-                                               4: _v4_to_v5, 5: _v5_to_v6, 6: _v6_to_v7}
+                                               4: _v4_to_v5, 5: _v5_to_v6, 6: _v6_to_v7,
+                                               7: _v7_to_v8}
 """Format N -> N+1."""
 
 

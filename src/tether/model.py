@@ -26,7 +26,7 @@ import orjson
 from tether.errors import CorruptSnapshot, IllegalTransition, InvalidInput, SnapshotTooNew
 from tether.migrations import upgrade
 
-SNAPSHOT_FORMAT = 7
+SNAPSHOT_FORMAT = 8
 """Bumped whenever the head's layout changes; stored in every snapshot. Older heads are
 upgraded on load by :mod:`tether.migrations`."""
 
@@ -427,6 +427,12 @@ class Snapshot:
     """This task's own step limit (None: ``Settings.max_steps``)."""
     budget_start: int = 0
     """The step at which the current budget of steps began; a person's resume starts anew."""
+    usage: dict[str, int] = field(default_factory=dict)
+    """What the task's model calls cost: completions, prompt and completion tokens, and the
+    completion count at which a person's resume began the current budget."""
+    side_effects: dict[str, int] = field(default_factory=dict)
+    """How often each side-effecting call (tool and arguments) was made, so a model that asks
+    for the same refund again and again is stopped (the newest few hundred are kept)."""
     format: int = SNAPSHOT_FORMAT
 
     @property

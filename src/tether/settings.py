@@ -36,6 +36,13 @@ class Settings:
     """Steps a task may take before it goes to a person naming this limit: a runaway agent
     stops instead of running up a bill. Per task: ``submit(..., max_steps=)``; a person's
     resume grants the same number again."""
+    max_completions: int = 1_000
+    """Model completions a task may pay for before it goes to a person naming this limit (a
+    model that loops costs money on every turn); a person's resume grants the same again."""
+    max_identical_side_effects: int = 3
+    """How often one side-effecting call (same tool, same arguments) may run in a task; the
+    next identical one goes to a person instead of running. A model that asks for the same
+    refund each turn gets each under a new key, so idempotency alone does not stop it."""
     coalesce_window: float = 1.5
     keep_versions: int = 10
     lease_seconds: float = 15.0
@@ -64,7 +71,8 @@ class Settings:
     def __post_init__(self) -> None:
         for name in ("max_recovery_attempts", "checkpoint_every_steps", "inbox_capacity",
                      "keep_versions", "max_payload_bytes", "postgres_pool_size",
-                     "blob_threshold", "max_result_bytes", "max_steps"):
+                     "blob_threshold", "max_result_bytes", "max_steps", "max_completions",
+                     "max_identical_side_effects"):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"setting {name} must be at least 1")
         for name in ("recovery_timeout", "lease_seconds", "poll_interval", "drain_timeout",

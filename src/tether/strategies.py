@@ -38,6 +38,10 @@ class Strategy(enum.StrEnum):
     FAIL_TIMEOUT = "fail_timeout"
     NEEDS_HUMAN = "needs_human"
     STEP_LIMIT = "step_limit"
+    COMPLETION_LIMIT = "completion_limit"
+    """The task paid for its budget of model completions (``Settings.max_completions``)."""
+    REPEATED_SIDE_EFFECT = "repeated_side_effect"
+    """The same side-effecting call was asked for once too often; it did not run."""
     # Events and time (R3, R5, E6).
     PAUSE = "pause"
     REPLAN = "replan"

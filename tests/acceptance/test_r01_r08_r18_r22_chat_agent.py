@@ -17,7 +17,7 @@ import pytest
 from _support import fast_settings, wait_until
 
 import tether as tt
-from tether.agents import ChatAgent, SQLiteMemory
+from tether.agents import ChatAgent, RetryPolicy, SQLiteMemory
 from tether.agents.schemas import tool_schema
 from tether.testing.fake_openai import FakeOpenAI, call, failure, reply
 
@@ -86,17 +86,18 @@ async def test_r08_parallel_tool_calls_each_get_a_resume_point_and_key(
 
 async def test_r22_a_model_failing_the_same_way_goes_to_a_person_with_its_error(
         tmp_path: Path, fake: FakeOpenAI) -> None:
-    """R22, R26: the model answers 503 "overloaded" again and again. The runner retries once
-    with back-off; the same failure again is not retried: needs_human, and the bundle says
-    what the model said. (Three are scripted; the third is never requested.)"""
-    fake.add(*[failure(503, "model overloaded, try later") for _ in range(3)])
-    h, _ = harness(tmp_path, fake)
+    """R22, R26: the model answers 503 "overloaded" again and again. Each plan tries twice
+    in-process (the retry policy); then the runner retries once with back-off; the same
+    failure again is not retried: needs_human, and the bundle says what the model said.
+    (Five are scripted; the fifth is never requested.)"""
+    fake.add(*[failure(503, "model overloaded, try later") for _ in range(5)])
+    h, _ = harness(tmp_path, fake, retry=RetryPolicy(attempts=2, base=0.001))
     tid = await h.submit("chat", "hello")
     await h.run_until_idle(timeout=10)
     bundle = await h.export(tid)
     assert bundle["task"]["status"] == "needs_human"
     assert "model overloaded, try later" in bundle["reason"]
-    assert fake.completions == 2
+    assert fake.completions == 4
     await h.close()
 
 

@@ -1,57 +1,84 @@
-"""ChatAgent: a tool-calling LLM agent over any OpenAI-compatible server (R1, R8, R18).
+"""ChatAgent: a tool-calling LLM agent over any OpenAI-compatible server (R1, R8, R18, R22).
 
-Point it at OpenAI, vLLM, Ollama, LM Studio or anything else that speaks
+Point it at OpenAI, vLLM, Ollama, LM Studio, llama.cpp's server or anything else that speaks
 ``/v1/chat/completions``: ``model``, ``api_key`` and ``base_url`` come from the arguments
 or from ``OPENAI_MODEL`` / ``OPENAI_API_KEY`` / ``OPENAI_BASE_URL``. The client's own
-retries are off: tether owns retries, back-off and failure fingerprints (R12, R22).
+retries are off: tether owns retries (:mod:`tether.agents.model_calls`).
 
 How it stays exactly right under interruption:
 
 - A completion is paid for once. The model's answer is turned into plain actions (R8)
   and committed before any tool runs (``commit_plans``); parallel tool calls in one answer
   wait in the frame's scratch and become separate calls, each with its own resume point
-  and idempotency key, without asking the model again.
+  and idempotency key, without asking the model again. Each completion is recorded in the
+  dialog with its token usage and finish reason (a ``model`` row).
 - A P0 event while the answer streams cancels the request at once. The text received
   so far goes into the dialog marked ``cut_off``, and the next plan sees the interrupt.
-- A failing model (HTTP error, timeout, malformed tool arguments) raises, and the
-  runner's bounded recovery retries with back-off; the same failure twice goes to a
-  person, with the model's error in the bundle (R22, R26).
+  A timeout is not a cut: it is a :class:`ModelTimeout`, retried like other transient
+  errors.
+- Transient model errors are retried in-process (:class:`RetryPolicy`, honouring
+  ``Retry-After``); what still fails raises, and the runner's bounded recovery retries
+  with back-off; the same failure twice goes to a person (R22, R26).
+- Tool calls the model gets wrong (arguments that are not JSON, missing or unknown ones, a
+  tool that does not exist) are told back to it as those calls' results, while the valid
+  calls of the same answer run; ``corrections`` answers in a row with such calls go to a
+  person.
 - Memory (:mod:`tether.agents.memory`) is searched when the prompt is built and sent
   with that one request; it never enters the snapshot or the dialog.
-- When the dialog outgrows ``context_tokens``, older turns are summarised by the model
-  into ``scratch["summary"]`` (recorded as such, with the rows it covers); the full
-  dialog stays in the store.
+- The prompt fits the context (:mod:`tether.agents.prompt`): oversized rows are clipped
+  for the prompt, older turns are summarised into ``scratch["summary"]`` in chunks, and a
+  server's "prompt too long" lowers the budget and tries again. The dialog stays whole in
+  the store.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from tether.agent import Agent, CutOff, TaskView
+from tether.agents import prompt
 from tether.agents.memory import Memory
+from tether.agents.model_calls import (
+    ContextOverflow,
+    ModelTimeout,
+    RequestOptions,
+    RetryPolicy,
+    check_finish,
+    with_retries,
+)
 from tether.agents.schemas import tool_schema
-from tether.errors import ConfigurationError, TetherError
+from tether.errors import ConfigurationError, NeedsPerson
 from tether.model import Action, Finish, Reply, ToolCall, action_from_dict, action_to_dict
 from tether.tools import Tool
 
 try:
-    from openai import AsyncOpenAI, AsyncStream, OpenAIError
+    from openai import AsyncOpenAI, AsyncStream
     from openai.types.chat import ChatCompletionChunk
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ConfigurationError("ChatAgent needs the openai client: pip install 'tether[openai]'") from exc
 
-SUMMARY_PROMPT = ("Summarise the conversation so far for your own later use: the task, what was"
-                  " decided, what tools returned that still matters, and what is left to do."
-                  " Be brief and factual.")
+SHRINKS = 2
+"""Times one plan lowers its context budget after a server says the prompt is too long."""
+SUMMARY_ROUNDS = 8
+"""Chunks of older turns one plan may summarise before asking its question."""
 
 
-class ModelError(TetherError):
-    """The model call failed; the runner retries it with back-off, a repeat goes to a person."""
+@dataclass
+class Answer:
+    """One completion, as received: the text, the tool calls it asked for (arguments as the
+    raw strings the model sent), why it ended, and what it cost."""
+
+    text: str = ""
+    calls: list[dict[str, str]] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: dict[str, int] | None = None
 
 
 class ChatAgent(Agent):
@@ -64,40 +91,123 @@ class ChatAgent(Agent):
                  base_url: str | None = None, api_key: str | None = None,
                  client: AsyncOpenAI | None = None, memory: Memory | None = None,
                  stream: bool = True, timeout: float = 120.0, context_tokens: int = 100_000,
-                 keep_recent: int = 12, memory_hits: int = 5) -> None:
+                 keep_recent: int = 12, memory_hits: int = 5,
+                 options: RequestOptions | None = None, retry: RetryPolicy | None = None,
+                 corrections: int = 2) -> None:
         self.model = model or os.environ.get("OPENAI_MODEL") or ""
         if not self.model:
             raise ConfigurationError("ChatAgent needs a model name (model= or OPENAI_MODEL)")
+        if corrections < 0 or timeout <= 0 or keep_recent < 0:
+            raise ConfigurationError("ChatAgent: corrections and keep_recent cannot be negative,"
+                                     " and timeout must be positive")
         self.client = client or AsyncOpenAI(
             base_url=base_url or os.environ.get("OPENAI_BASE_URL"),
             api_key=api_key or os.environ.get("OPENAI_API_KEY") or "not-needed",
-            max_retries=0, timeout=timeout)
-        self.tools = list(tools)
-        self.schemas = [tool_schema(tool) for tool in self.tools]
+            max_retries=0, timeout=timeout + 5)  # ours fires first, and says which it was
+        self.tools = {tool.name: tool for tool in tools}
+        self.schemas = [tool_schema(tool) for tool in tools]
         self.system = system
         self.memory = memory
         self.stream = stream
         self.timeout = timeout
-        self.context_tokens = context_tokens
+        self.options = options or RequestOptions()
+        self.retry = retry or RetryPolicy()
+        self.budget = prompt.ContextBudget(context_tokens, self.options.max_tokens or 0)
         self.keep_recent = keep_recent
         self.memory_hits = memory_hits
+        self.corrections = corrections
+        self._seconds = 0.0
+        """How long the last completion took, retries included (for its ``model`` row)."""
 
     async def plan(self, task: TaskView) -> Action:
         queued = task.scratch.get("queued") or []
         if queued:  # the rest of an answer already paid for: no new completion
             task.scratch["queued"] = queued[1:]
             return action_from_dict(queued[0])
-        await self._fit_context(task)
-        messages = await self._prompt(task)
-        text, calls = await self._complete(messages)
-        actions: list[Action] = [Reply(text)] if text and calls else []
+        answer, calls = await self._usable_answer(task)
+        actions: list[Action] = [Reply(answer.text)] if answer.text and calls else []
         actions += [ToolCall(c["name"], c["arguments"]) for c in calls]
         if not actions:
-            return Finish(text or "")
+            return Finish(answer.text)
         task.scratch["queued"] = [action_to_dict(a) for a in actions[1:]]
         return actions[0]
 
+    async def _usable_answer(self, task: TaskView) -> tuple[Answer, list[dict[str, Any]]]:
+        """An answer and its valid calls. Calls that cannot be made are told back to the
+        model (the ``model`` row's ``rejected``); with no valid call left it is asked again
+        at once, up to ``corrections`` times in a row."""
+        while True:
+            answer = await self._answer(task)
+            calls, rejected = self._sort_calls(answer.calls)
+            task.record_completion(self.model, usage=answer.usage,
+                                   finish_reason=answer.finish_reason,
+                                   seconds=self._seconds, rejected=rejected,
+                                   text=answer.text if rejected and not calls else None)
+            check_finish(answer.finish_reason, self.model, self.options)
+            if not rejected:
+                task.scratch.pop("corrections", None)
+                return answer, calls
+            told = int(task.scratch.get("corrections", 0)) + 1
+            task.scratch["corrections"] = told
+            if told > self.corrections:
+                raise NeedsPerson(f"model {self.model} sent tool calls that cannot be made in"
+                                  f" {told} answers in a row; the last: {rejected[0]['error']}")
+            if calls:
+                return Answer(), calls  # its text goes with the rejected calls it came with
+
+    # ------------------------------------------------------------------ tool calls
+
+    def _sort_calls(self, raw: list[dict[str, str]]) -> tuple[list[dict[str, Any]],
+                                                                list[dict[str, str]]]:
+        """The calls that can be made, and the others with what is wrong with each."""
+        valid, rejected = [], []
+        for index, call in enumerate(raw):
+            arguments, problem = self._check_call(call["name"], call["arguments"])
+            if problem is None:
+                valid.append({"name": call["name"], "arguments": arguments})
+            else:
+                rejected.append({"id": call.get("id") or f"rejected_{index}",
+                                 "name": call["name"], "arguments": call["arguments"][:4000],
+                                 "error": problem})
+        return valid, rejected
+
+    def _check_call(self, name: str, arguments: str) -> tuple[dict[str, Any], str | None]:
+        tool = self.tools.get(name)
+        if tool is None:
+            known = ", ".join(sorted(self.tools)) or "none"
+            return {}, f"there is no tool named {name[:100]!r}; the tools are: {known}."
+        try:
+            args = orjson.loads(arguments or "{}")
+        except orjson.JSONDecodeError as exc:
+            return {}, f"the arguments for {name} are not valid JSON ({exc})."
+        if not isinstance(args, dict):
+            return {}, f"the arguments for {name} must be a JSON object, not {type(args).__name__}."
+        params = next(s for s in self.schemas if s["function"]["name"] == name)["function"]
+        known_args = params["parameters"].get("properties", {})
+        missing = [a for a in params["parameters"].get("required", []) if a not in args]
+        unknown = [a for a in args if a not in known_args]
+        if missing or unknown:
+            parts = ([f"missing {', '.join(missing)}"] if missing else []) + (
+                [f"unknown {', '.join(a[:50] for a in unknown)}"] if unknown else [])
+            return {}, (f"the arguments for {name} do not fit its parameters"
+                        f" ({'; '.join(parts)}); it takes: {', '.join(known_args) or 'nothing'}.")
+        return args, None
+
     # ------------------------------------------------------------------ the prompt
+
+    async def _answer(self, task: TaskView) -> Answer:
+        """A completion for the task as it stands, shrinking the prompt if the server says
+        it does not fit."""
+        for shrink in range(SHRINKS + 1):
+            await self._fit_context(task)
+            messages = await self._prompt(task)
+            try:
+                return await self._complete(messages)
+            except ContextOverflow as overflow:
+                if shrink == SHRINKS:
+                    raise
+                self.budget.learn(overflow, messages)
+        raise AssertionError("unreachable: the last shrink returns or raises")
 
     async def _prompt(self, task: TaskView) -> list[dict[str, Any]]:
         messages: list[dict[str, Any]] = [{"role": "system", "content": self.system}]
@@ -109,111 +219,109 @@ class ChatAgent(Agent):
         if summary:
             messages.append({"role": "system", "content": f"Summary of earlier turns: {summary}"})
         else:
-            messages.append({"role": "user", "content": _text(task.input)})
-        start = int(task.scratch.get("summary_upto", 0))
-        messages += [m for row in list(task.history)[start:] for m in _messages(row)]
+            messages.append({"role": "user", "content": prompt.clip(prompt.text(task.input),
+                                                                    self.budget.clip_chars)})
+        rows = [*list(task.history)[int(task.scratch.get("summary_upto", 0)):],
+                *({"role": "model", **record} for record in task.completions)]
+        messages += [m for row in rows for m in prompt.messages(row, self.budget.clip_chars)]
         return messages
 
     async def _recall(self, task: TaskView) -> list[str]:
         if self.memory is None:
             return []
         users = [row.get("content") for row in task.history if row.get("role") == "user"]
-        query = _text(users[-1] if users else task.input)
+        query = prompt.text(users[-1] if users else task.input)
         return [hit.text for hit in await self.memory.search(query, self.memory_hits)]
 
     async def _fit_context(self, task: TaskView) -> None:
-        """Summarise older turns once the dialog outgrows the budget (rough: 4 chars a token)."""
-        start = int(task.scratch.get("summary_upto", 0))
-        rows = list(task.history)[start:]
-        size = sum(len(orjson.dumps(dict(row))) for row in rows) // 4
-        if size <= self.context_tokens or len(rows) <= self.keep_recent:
-            return
-        upto = start + len(rows) - self.keep_recent
-        older = [m for row in list(task.history)[start:upto] for m in _messages(row)]
-        previous = task.scratch.get("summary")
-        prompt = [{"role": "system", "content": SUMMARY_PROMPT},
-                  {"role": "user", "content": _text(task.input) if not previous
-                   else f"Earlier summary: {previous}"}, *older,
-                  {"role": "user", "content": SUMMARY_PROMPT}]
-        summary, _ = await self._complete(prompt, offer_tools=False)
-        task.scratch["summary"] = summary
-        task.scratch["summary_upto"] = upto
+        """Summarise the oldest turns, a chunk at a time, while the dialog outgrows the budget."""
+        limit, budget = self.budget.clip_chars, self.budget.prompt_tokens
+        for _ in range(SUMMARY_ROUNDS):
+            start = int(task.scratch.get("summary_upto", 0))
+            rows = list(task.history)[start:]
+            size = sum(prompt.tokens(prompt.messages(row, limit)) for row in rows)
+            chunk = prompt.oldest_chunk(rows, self.keep_recent, budget, limit)
+            if size <= budget or chunk == 0:
+                return
+            older = [m for row in rows[:chunk] for m in prompt.messages(row, limit)]
+            request = prompt.summary_request(task.scratch.get("summary"), task.input, older)
+            answer = await self._complete(request, offer_tools=False)
+            task.record_completion(self.model, usage=answer.usage, seconds=self._seconds,
+                                   finish_reason=answer.finish_reason)
+            task.scratch["summary"] = answer.text
+            task.scratch["summary_upto"] = start + chunk
 
     # ------------------------------------------------------------------ the model call
 
     async def _complete(self, messages: list[dict[str, Any]],
-                        offer_tools: bool = True) -> tuple[str, list[dict[str, Any]]]:
-        extra: dict[str, Any] = {"tools": self.schemas} if self.schemas and offer_tools else {}
+                        offer_tools: bool = True) -> Answer:
+        fields = self.options.fields(self.schemas if offer_tools else [], self.stream)
+        started = time.monotonic()
         try:
-            async with asyncio.timeout(self.timeout):
-                if self.stream:
-                    return await self._streamed(messages, extra)
-                response = await self.client.chat.completions.create(
-                    model=self.model, messages=messages, **extra)  # type: ignore[arg-type]
-        except TimeoutError:
-            raise ModelError(f"model {self.model} did not answer within {self.timeout}s") from None
-        except OpenAIError as exc:
-            raise ModelError(f"model {self.model}: {type(exc).__name__}: {exc}") from None
-        message = response.choices[0].message
-        calls = [_call(c.function.name, c.function.arguments)  # type: ignore[union-attr]
-                 for c in message.tool_calls or []]
-        return message.content or "", calls
+            return await with_retries(lambda: self._attempt(messages, fields), self.retry,
+                                      f"model {self.model}")
+        finally:
+            self._seconds = time.monotonic() - started
 
-    async def _streamed(self, messages: list[dict[str, Any]],
-                        extra: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    async def _attempt(self, messages: list[dict[str, Any]], fields: dict[str, Any]) -> Answer:
+        """One request, within the timeout."""
+        try:
+            async with asyncio.timeout(self.timeout) as deadline:
+                if self.stream:
+                    return await self._streamed(messages, fields, deadline)
+                response = await self.client.chat.completions.create(
+                    model=self.model, messages=messages, **fields)  # type: ignore[arg-type]
+        except TimeoutError:
+            raise ModelTimeout(f"model {self.model} did not answer within {self.timeout}s"
+                               ) from None
+        choice = response.choices[0]
+        calls = [{"id": c.id, "name": c.function.name,  # type: ignore[union-attr]
+                  "arguments": c.function.arguments or ""}  # type: ignore[union-attr]
+                 for c in choice.message.tool_calls or []]
+        usage = response.usage.model_dump(include=USAGE_FIELDS) if response.usage else None
+        return Answer(choice.message.content or "", calls, choice.finish_reason, usage)
+
+    async def _streamed(self, messages: list[dict[str, Any]], fields: dict[str, Any],
+                        deadline: asyncio.Timeout) -> Answer:
         stream: AsyncStream[ChatCompletionChunk] = await self.client.chat.completions.create(
-            model=self.model, messages=messages, stream=True, **extra)  # type: ignore[arg-type,assignment]
+            model=self.model, messages=messages, **fields)  # type: ignore[arg-type,assignment]
+        answer = Answer()
         text: list[str] = []
         calls: dict[int, dict[str, str]] = {}
         try:
             async for chunk in stream:
-                if not chunk.choices:
-                    continue
-                delta = chunk.choices[0].delta
-                if delta.content:
-                    text.append(delta.content)
-                for piece in delta.tool_calls or []:
-                    slot = calls.setdefault(piece.index, {"name": "", "arguments": ""})
-                    if piece.function and piece.function.name:
-                        slot["name"] += piece.function.name
-                    if piece.function and piece.function.arguments:
-                        slot["arguments"] += piece.function.arguments
+                _take_chunk(chunk, answer, text, calls)
         except asyncio.CancelledError:
             await stream.close()
+            if deadline.expired():  # our timeout, not a P0: say so, without the partial text
+                raise ModelTimeout(f"model {self.model} did not finish its answer within"
+                                   f" {self.timeout}s ({len(''.join(text))} characters"
+                                   " received)") from None
             raise CutOff("".join(text)) from None  # a P0: keep what was said so far
-        return "".join(text), [_call(c["name"], c["arguments"]) for _, c in sorted(calls.items())]
+        answer.text = "".join(text)
+        answer.calls = [calls[index] for index in sorted(calls)]
+        return answer
 
 
-def _call(name: str, arguments: str) -> dict[str, Any]:
-    try:
-        args = orjson.loads(arguments or "{}")
-    except orjson.JSONDecodeError as exc:
-        raise ModelError(f"model sent arguments for {name} that are not JSON ({exc})") from None
-    if not isinstance(args, dict):
-        raise ModelError(f"model sent arguments for {name} that are not an object: {args!r}")
-    return {"name": name, "arguments": args}
+USAGE_FIELDS = {"prompt_tokens", "completion_tokens", "total_tokens"}
 
 
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else orjson.dumps(value).decode()
-
-
-def _messages(row: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """One dialog row as chat messages (tether's rows are richer than the chat format)."""
-    role = row.get("role")
-    if "tool_call" in row:
-        call = row["tool_call"]
-        return [{"role": "assistant", "content": None, "tool_calls": [{
-            "id": call["key"], "type": "function",
-            "function": {"name": call["name"], "arguments": orjson.dumps(call["args"]).decode()}}]}]
-    if role == "tool":
-        content = row.get("content") if "error" not in row else f"error: {row['error']}"
-        return [{"role": "tool", "tool_call_id": row["key"], "content": _text(content)}]
-    if role == "assistant":
-        cut = " [cut off: interrupted before the answer was finished]" if row.get("cut_off") else ""
-        return [{"role": "assistant", "content": _text(row.get("content")) + cut}]
-    if role == "user":
-        return [{"role": "user", "content": _text(row.get("content"))}]
-    if role == "event":
-        return [{"role": "user", "content": f"[{row.get('type')} event] {_text(row.get('content'))}"}]
-    return []
+def _take_chunk(chunk: ChatCompletionChunk, answer: Answer, text: list[str],
+                calls: dict[int, dict[str, str]]) -> None:
+    """Add one streamed chunk to the answer being assembled."""
+    if chunk.usage is not None:
+        answer.usage = chunk.usage.model_dump(include=USAGE_FIELDS)
+    if not chunk.choices:
+        return
+    choice = chunk.choices[0]
+    if choice.finish_reason:
+        answer.finish_reason = choice.finish_reason
+    if choice.delta.content:
+        text.append(choice.delta.content)
+    for piece in choice.delta.tool_calls or []:
+        slot = calls.setdefault(piece.index, {"id": "", "name": "", "arguments": ""})
+        slot["id"] = slot["id"] or piece.id or ""
+        if piece.function and piece.function.name:
+            slot["name"] += piece.function.name
+        if piece.function and piece.function.arguments:
+            slot["arguments"] += piece.function.arguments

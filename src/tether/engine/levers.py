@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from tether import blobs
-from tether.engine import recovery, timers
+from tether.engine import limits, recovery, timers
 from tether.engine.decisions import DECISIONS, Decision, call_awaiting_decision, in_doubt_message
 from tether.engine.task import RunningTask
 from tether.errors import IllegalTransition, InDoubtCall, InvalidInput, VersionNotFound
@@ -89,6 +89,7 @@ async def human_resume(task: RunningTask, event: Event) -> None:
     snap.recovery = type(snap.recovery)()
     snap.error = None
     snap.budget_start = snap.step
+    limits.grant_again(snap)
     task.mark_progress()
     _settle_call_for_resume(task, amended)
     if snap.frame.wait and snap.status is Status.WAITING:

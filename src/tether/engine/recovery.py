@@ -18,7 +18,7 @@ from typing import Any
 from tether.engine import timers
 from tether.engine.decisions import args_text
 from tether.engine.task import RunningTask, TaskReads, end_wait, hand_to_person
-from tether.errors import TetherError
+from tether.errors import NeedsPerson, TetherError
 from tether.failpoints import failpoint
 from tether.model import (
     CallState,
@@ -351,6 +351,9 @@ def plan_failed(task: RunningTask, error: Exception) -> None:
     """The agent's plan (often a model call) raised: retry with backoff, stop on a repeat (R22)."""
     agent = task.snap.frame.agent
     text = describe_error(error)
+    if isinstance(error, NeedsPerson):
+        hand_to_person(task, f"agent {agent!r}: {error}")
+        return
     fingerprint = failure_fingerprint(f"plan:{agent}", error)
     delay = _next_recovery(task, fingerprint, f"planning by agent {agent!r}: {text}")
     if delay is None:

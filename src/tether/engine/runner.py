@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from tether import blobs
 from tether.agent import Agent, TaskView
-from tether.engine import degrade, recovery, timers
+from tether.engine import degrade, limits, recovery, timers
 from tether.engine.events import apply_event
 from tether.engine.host import RunnerHost
 from tether.engine.loading import newest_readable
@@ -229,7 +229,7 @@ class Runner:
             self.request_commit()
             return
         if not frame.agenda:
-            if recovery.over_step_limit(self):
+            if recovery.over_step_limit(self) or limits.over_completion_limit(self):
                 return
             try:
                 planned, scratch = await self.plan()
@@ -255,8 +255,12 @@ class Runner:
         """The agent's next action, as the agenda records it, and the agent's new scratch."""
         scratch = copy.deepcopy(self.snap.frame.scratch)
         agent = self.agent_for(self.snap.frame)
-        with self.host.telemetry.span("tether.plan", **{"tether.agent": agent.name}):
-            action = await self.cancellable(agent.plan(self.view(scratch)))
+        view = self.view(scratch)
+        try:
+            with self.host.telemetry.span("tether.plan", **{"tether.agent": agent.name}):
+                action = await self.cancellable(agent.plan(view))
+        finally:
+            limits.record_completions(self, view)  # paid for, whatever the plan did next
         if isinstance(action, Replan):
             raise InvalidInput(f"agent {agent.name!r}: plan() returned Replan, which only"
                                " on_event may return")
@@ -387,7 +391,7 @@ class Runner:
             return
         if call is None:
             call = await recovery.open_call(self, action)
-            if call is None:
+            if call is None or (tool.side_effect and limits.repeated_side_effect(self, call)):
                 return
         call.attempt += 1
         call.status = CallStatus.STARTED

@@ -2,16 +2,32 @@
 
 It is a real HTTP server (``/v1/chat/completions``, JSON or server-sent-event streaming,
 with ``tool_calls``), so the real ``openai`` client talks to it over a socket: nothing is
-patched. Each request takes the next scripted reply; every request body is kept, so a
-test can count completions and read the prompts the agent sent.
+patched. Each request takes the next scripted reply; every request body (``requests``) and
+its headers (``request_headers``, keys lower-cased) are kept, so a test can count
+completions and read the prompts and headers the agent sent.
 
     with FakeOpenAI([reply(tool_calls=[call("lookup", {"q": "x"})]), reply("done")]) as fake:
         agent = ChatAgent(model="fake", base_url=fake.url, api_key="none")
+
+A ``Reply`` can also script the ways a real model server misbehaves, because those are the
+paths an agent's error handling takes and they are rare against a real model:
+
+- ``finish_reason="length"`` / ``"content_filter"``: a truncated or refused answer.
+- ``headers={"retry-after": "2"}``: sent with any response, say a ``failure(429, ...)``.
+- ``usage={...}``: token counts; streamed only when the request asks with
+  ``stream_options={"include_usage": True}``, in a last chunk with no choices, as OpenAI does.
+- ``raw_call(name, '{"broken')``: tool-call arguments sent verbatim, malformed JSON included.
+  Streamed arguments longer than 8 characters always arrive in several pieces, so the
+  client's reassembly is exercised.
+- ``hang=seconds``: answer that late (streamed: after the first chunk), for timeouts.
+- ``drop=True``: close the connection with no HTTP response at all, for transient errors.
 """
 
 from __future__ import annotations
 
 import json
+import socket
+import struct
 import threading
 import time
 import uuid
@@ -19,6 +35,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+DEFAULT_USAGE = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+ARGUMENT_PIECE = 8
+"""Streamed tool-call arguments longer than this are split, as a real server streams them."""
 
 
 @dataclass
@@ -33,21 +53,39 @@ class Reply:
     """Seconds between streamed chunks (a slow model, to be cut off)."""
     chunks: int = 1
     """How many pieces the text is streamed in."""
+    finish_reason: str | None = None
+    """Sent instead of the computed ``tool_calls``/``stop`` (say ``length``)."""
+    headers: dict[str, str] = field(default_factory=dict)
+    """Response headers, error or not (say ``retry-after`` on a 429)."""
+    usage: dict[str, int] | None = None
+    """Token usage; ``DEFAULT_USAGE`` when not given."""
+    hang: float = 0.0
+    """Seconds to stall: before answering, or after the first streamed chunk."""
+    drop: bool = False
+    """Close the connection without any HTTP response (the client sees a connection error)."""
 
 
 def reply(text: str | None = None, tool_calls: list[dict[str, Any]] | None = None,
           **kwargs: Any) -> Reply:
+    """A successful answer; ``kwargs`` are any other ``Reply`` fields."""
     return Reply(text, tool_calls or [], **kwargs)
 
 
 def call(name: str, arguments: dict[str, Any], call_id: str | None = None) -> dict[str, Any]:
     """A tool call as the model sends it."""
+    return raw_call(name, json.dumps(arguments), call_id)
+
+
+def raw_call(name: str, arguments: str, call_id: str | None = None) -> dict[str, Any]:
+    """A tool call whose ``arguments`` string is sent verbatim: models do send broken JSON."""
     return {"id": call_id or f"call_{uuid.uuid4().hex[:8]}", "type": "function",
-            "function": {"name": name, "arguments": json.dumps(arguments)}}
+            "function": {"name": name, "arguments": arguments}}
 
 
-def failure(status: int = 500, message: str = "model overloaded") -> Reply:
-    return Reply(status=status, error=message)
+def failure(status: int = 500, message: str = "model overloaded", *,
+            headers: dict[str, str] | None = None) -> Reply:
+    """An HTTP error answer, with optional headers (``retry-after`` on a 429)."""
+    return Reply(status=status, error=message, headers=dict(headers or {}))
 
 
 class FakeOpenAI:
@@ -60,12 +98,15 @@ class FakeOpenAI:
         """Answers a request itself when it returns a Reply (say, every summary request),
         without using up the script."""
         self.requests: list[dict[str, Any]] = []
+        self.request_headers: list[dict[str, str]] = []
+        """Each request's headers (keys lower-cased), parallel to ``requests``."""
         self.lock = threading.Lock()
         self.stream_cut = threading.Event()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}/v1"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True,
+                                        kwargs={"poll_interval": 0.05})  # quick shutdown
 
     def __enter__(self) -> FakeOpenAI:
         self._thread.start()
@@ -83,9 +124,10 @@ class FakeOpenAI:
     def completions(self) -> int:
         return len(self.requests)
 
-    def _next(self, body: dict[str, Any]) -> Reply:
+    def _next(self, body: dict[str, Any], headers: dict[str, str]) -> Reply:
         with self.lock:
             self.requests.append(body)
+            self.request_headers.append(headers)
             routed = self.route(body) if self.route else None
             if routed is not None:
                 return routed
@@ -108,38 +150,66 @@ class FakeOpenAI:
                 if not self.path.endswith("/chat/completions"):
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
                     return
-                answer = fake._next(body)
-                if answer.error is not None:
-                    self._send(answer.status, {"error": {"message": answer.error,
-                                                         "type": "server_error"}})
-                elif body.get("stream"):
+                headers = {key.lower(): value for key, value in self.headers.items()}
+                answer = fake._next(body, headers)
+                try:
+                    self._answer(body, answer)
+                except (BrokenPipeError, ConnectionResetError):
+                    fake.stream_cut.set()  # the client hung up (mid-stream, or timed out)
+
+            def _answer(self, body: dict[str, Any], answer: Reply) -> None:
+                if answer.drop:
+                    self._drop()
+                elif body.get("stream") and answer.error is None:
                     self._stream(body, answer)
                 else:
-                    self._send(200, _completion(body, answer))
+                    time.sleep(answer.hang)
+                    self._send(answer.status, _payload(body, answer), answer.headers)
 
-            def _send(self, status: int, payload: dict[str, Any]) -> None:
+            def _drop(self) -> None:
+                """Reset the connection (linger 0 makes close send RST), writing nothing."""
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                           struct.pack("ii", 1, 0))
+                self.close_connection = True
+
+            def _send(self, status: int, payload: dict[str, Any],
+                      headers: dict[str, str] | None = None) -> None:
                 data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
+                self._head(status, "application/json", headers or {})
                 self.send_header("content-length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _head(self, status: int, content_type: str, headers: dict[str, str]) -> None:
+                self.send_response(status)
+                self.send_header("content-type", content_type)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+
             def _stream(self, body: dict[str, Any], answer: Reply) -> None:
-                self.send_response(200)
-                self.send_header("content-type", "text/event-stream")
+                self._head(200, "text/event-stream", answer.headers)
                 self.end_headers()
-                try:
-                    for chunk in _chunks(body, answer):
-                        self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                        self.wfile.flush()
-                        if answer.chunk_delay:
-                            time.sleep(answer.chunk_delay)
-                    self.wfile.write(b"data: [DONE]\n\n")
-                except (BrokenPipeError, ConnectionResetError):
-                    fake.stream_cut.set()  # the client hung up mid-stream
+                for number, chunk in enumerate(_chunks(body, answer)):
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    self.wfile.flush()
+                    time.sleep(answer.hang if number == 0 else 0.0)
+                    time.sleep(answer.chunk_delay)
+                self.wfile.write(b"data: [DONE]\n\n")
 
         return Handler
+
+
+def _payload(body: dict[str, Any], answer: Reply) -> dict[str, Any]:
+    """The JSON body of a non-streamed answer: the error, or the completion."""
+    if answer.error is not None:
+        return {"error": {"message": answer.error, "type": "server_error"}}
+    return _completion(body, answer)
+
+
+def _finish_reason(answer: Reply) -> str:
+    if answer.finish_reason is not None:
+        return answer.finish_reason
+    return "tool_calls" if answer.tool_calls else "stop"
 
 
 def _completion(body: dict[str, Any], answer: Reply) -> dict[str, Any]:
@@ -149,21 +219,40 @@ def _completion(body: dict[str, Any], answer: Reply) -> dict[str, Any]:
     return {"id": f"chatcmpl-{uuid.uuid4().hex[:8]}", "object": "chat.completion",
             "created": int(time.time()), "model": body.get("model", "fake"),
             "choices": [{"index": 0, "message": message,
-                         "finish_reason": "tool_calls" if answer.tool_calls else "stop"}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+                         "finish_reason": _finish_reason(answer)}],
+            "usage": answer.usage or DEFAULT_USAGE}
+
+
+def _split(text: str, parts: int) -> list[str]:
+    """*text* in at most *parts* consecutive, nearly equal pieces (none for empty text)."""
+    size = max(1, -(-len(text) // max(1, parts)))
+    return [text[start:start + size] for start in range(0, len(text), size)]
+
+
+def _tool_call_deltas(index: int, tool_call: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """One call as a real server streams it: id, type and name first, then the
+    arguments piece by piece (several pieces when longer than ``ARGUMENT_PIECE``)."""
+    arguments: str = tool_call["function"]["arguments"]
+    pieces = _split(arguments, min(4, -(-len(arguments) // ARGUMENT_PIECE))) or [""]
+    yield {"index": index, "id": tool_call["id"], "type": tool_call["type"],
+           "function": {"name": tool_call["function"]["name"], "arguments": pieces[0]}}
+    for piece in pieces[1:]:
+        yield {"index": index, "function": {"arguments": piece}}
 
 
 def _chunks(body: dict[str, Any], answer: Reply) -> Iterator[dict[str, Any]]:
     base = {"id": f"chatcmpl-{uuid.uuid4().hex[:8]}", "object": "chat.completion.chunk",
             "created": int(time.time()), "model": body.get("model", "fake")}
-    text = answer.text or ""
-    size = max(1, -(-len(text) // max(1, answer.chunks)))
-    for start in range(0, len(text), size):
-        yield {**base, "choices": [{"index": 0, "delta": {"content": text[start:start + size]},
-                                    "finish_reason": None}]}
+
+    def choice(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        return {**base, "choices": [{"index": 0, "delta": delta,
+                                     "finish_reason": finish_reason}]}
+
+    for piece in _split(answer.text or "", answer.chunks):
+        yield choice({"content": piece})
     for index, tool_call in enumerate(answer.tool_calls):
-        yield {**base, "choices": [{"index": 0, "delta": {"tool_calls": [{**tool_call,
-                                                                          "index": index}]},
-                                    "finish_reason": None}]}
-    yield {**base, "choices": [{"index": 0, "delta": {},
-                                "finish_reason": "tool_calls" if answer.tool_calls else "stop"}]}
+        for delta in _tool_call_deltas(index, tool_call):
+            yield choice({"tool_calls": [delta]})
+    yield choice({}, _finish_reason(answer))
+    if (body.get("stream_options") or {}).get("include_usage"):
+        yield {**base, "choices": [], "usage": answer.usage or DEFAULT_USAGE}
