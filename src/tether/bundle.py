@@ -36,6 +36,7 @@ async def export_bundle(store: ReadStore, task_id: str) -> dict[str, Any]:
         "task": {**asdict(record), "status": record.status.value},
         "reason": record.reason,
         "failure_reasons": snap.recovery.reasons,
+        "usage": snap.usage,
         "snapshot_version": version,
         "snapshot": orjson.loads(data),
         "history": history[: snap.history_len],

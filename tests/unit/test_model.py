@@ -248,6 +248,15 @@ def test_a_format_6_agenda_is_upgraded_to_entries_with_their_open_call() -> None
     assert loaded.format == SNAPSHOT_FORMAT
 
 
+def test_a_format_7_head_loads_with_no_usage_and_no_repeats_counted() -> None:
+    """R8, E8: heads written before tasks counted model usage and repeated side effects."""
+    raw = orjson.loads(_full_snapshot().dumps())
+    raw["format"] = 7
+    del raw["usage"], raw["side_effects"]
+    loaded = Snapshot.loads(orjson.dumps(raw), "t1", 3)
+    assert (loaded.usage, loaded.side_effects, loaded.format) == ({}, {}, SNAPSHOT_FORMAT)
+
+
 def test_an_agenda_entry_of_an_unknown_kind_is_damage() -> None:
     """R13: an agenda entry naming no known action makes the head unreadable, by name."""
     raw = orjson.loads(_full_snapshot().dumps())

@@ -18,6 +18,7 @@ import shutil
 import signal
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -282,6 +283,8 @@ async def show(harness: tt.Harness, task_id: str, as_json: bool) -> None:
         todo = f" to-do: {', '.join(entry.kind for entry in frame.agenda)}" \
             if frame.agenda else ""
         say(f"{'  ' * depth}└─ ", frame.agent, f" (steps {frame.steps})", todo)
+    if snap.usage.get("completions"):
+        say(f"model: {usage_text(snap.usage)}")
     if snap.call:
         say("current call: ", snap.call.tool, "(", shown(snap.call.args, limit=SHOWN_CHARS),
             f") key={snap.call.key} status={snap.call.status} attempt={snap.call.attempt}")
@@ -289,6 +292,13 @@ async def show(harness: tt.Harness, task_id: str, as_json: bool) -> None:
         say("error: ", snap.error)
     if snap.result is not None:
         say("result: ", shown(snap.result, limit=SHOWN_CHARS))
+
+
+def usage_text(usage: Mapping[str, int]) -> str:
+    """A task's model usage in one line."""
+    prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+    return (f"{usage.get('completions', 0):,} completions, {prompt + completion:,} tokens"
+            f" ({prompt:,} prompt, {completion:,} completion)")
 
 
 @main.command()
@@ -302,9 +312,19 @@ async def history(harness: tt.Harness, task_id: str, as_json: bool) -> None:
         print_json(rows)
         return
     table(("#", "role", "content"),
-          ((n, row.get("role"), shown(row.get("content", row.get("tool_call", row.get("error", ""))),
-                                       limit=SHOWN_CHARS))
+          ((n, row.get("role"), shown(_row_content(row), limit=SHOWN_CHARS))
            for n, row in enumerate(rows, 1)))
+
+
+def _row_content(row: Mapping[str, Any]) -> Any:
+    """What a dialog row says, in one cell; a model call shows what it cost and how it ended."""
+    if row.get("role") == "model":
+        tokens = row.get("usage") or {}
+        rejected = f", {len(row['rejected'])} calls rejected" if row.get("rejected") else ""
+        return (f"{row.get('model')}: {row.get('finish_reason') or 'no finish reason'},"
+                f" {tokens.get('prompt_tokens', 0)}+{tokens.get('completion_tokens', 0)} tokens,"
+                f" {row.get('seconds', 0)}s{rejected}")
+    return row.get("content", row.get("tool_call", row.get("error", "")))
 
 
 @main.command()

@@ -29,6 +29,7 @@ def record_completions(task: RunningTask, view: TaskView) -> None:
     for record in view.completions:
         for name, value in completion_usage(record).items():
             usage[name] = usage.get(name, 0) + value
+            task.counters[f"model_{name}"] += value  # this process's, for /metrics
         task.append_history({"role": "model", **record})
     view.completions.clear()
 

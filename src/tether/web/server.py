@@ -402,10 +402,18 @@ def render_metrics(counters: Mapping[str, int], tasks: Mapping[str, int], pendin
             recoveries.add_metric([key.removeprefix("recovery:")], value)
     for outcome in ("stored", "duplicate", "coalesced", "refused"):
         events.add_metric([outcome], counters.get(f"events_{outcome}", 0))
+    completions = CounterMetricFamily("tether_model_completions",
+                                      "Model completions this process's tasks paid for")
+    completions.add_metric([], counters.get("model_completions", 0))
+    tokens = CounterMetricFamily("tether_model_tokens", "Model tokens this process's tasks"
+                                 " used, by kind", labels=["kind"])
+    for kind in ("prompt", "completion"):
+        tokens.add_metric([kind], counters.get(f"model_{kind}_tokens", 0))
     depth = GaugeMetricFamily("tether_inbox_depth", "Events stored and not yet applied")
     depth.add_metric([], pending)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Families([by_status, steps, recoveries, events, depth]))
+    registry.register(_Families([by_status, steps, recoveries, events, completions, tokens,
+                                   depth]))
     return generate_latest(registry)
 
 
