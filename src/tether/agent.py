@@ -159,6 +159,15 @@ def completion_usage(record: Mapping[str, Any]) -> dict[str, int]:
             "completion_tokens": int(tokens.get("completion_tokens", 0))}
 
 
+def completion_summary(record: Mapping[str, Any]) -> str:
+    """A ``model`` dialog row in one line, for people: how it ended and what it cost."""
+    tokens = record.get("usage") or {}
+    rejected = f", {len(record['rejected'])} calls rejected" if record.get("rejected") else ""
+    return (f"{record.get('model')}: {record.get('finish_reason') or 'no finish reason'},"
+            f" {tokens.get('prompt_tokens', 0)}+{tokens.get('completion_tokens', 0)} tokens,"
+            f" {record.get('seconds', 0)}s{rejected}")
+
+
 class CutOff(Exception):
     """Raised by ``plan()`` when a P0 cancelled it mid-answer, carrying what was said so far;
     the runner keeps that text in the dialog, marked ``cut_off`` (E1)."""

@@ -84,6 +84,10 @@ class SnapshotTooNew(TetherError):
 class StoreError(TetherError):
     """The store failed to carry out an operation."""
 
+    waited: float = 0.0
+    """Seconds the failed call had been waiting (for a pooled connection, say) before it
+    failed: it began that long ago, perhaps in an outage that has ended since."""
+
 
 class ToolTimeout(TetherError):
     """The tool call did not finish within its timeout."""

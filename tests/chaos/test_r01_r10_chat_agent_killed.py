@@ -11,11 +11,7 @@ Child usage: ``python test_r01_r10_chat_agent_killed.py DB LEDGER BASE_URL``.
 from __future__ import annotations
 
 import asyncio
-import os
-import sqlite3
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -24,29 +20,17 @@ import tether as tt
 from tether.agents import ChatAgent
 from tether.testing.fake_openai import FakeOpenAI, call, reply
 
+sys.path.insert(0, str(Path(__file__).parents[1]))  # the child runs this file as a script
+
+from killed_chat import KILLED, paid, refund_tool, run_child, wait_out_dead_lease
+
 pytestmark = pytest.mark.timeout(60)
-KILLED = -9
 
 
 def build(db: str, ledger: str, base_url: str) -> tt.Harness:
     h = tt.Harness(f"sqlite:///{db}", settings=tt.Settings(lease_seconds=0.5, poll_interval=0.02))
-
-    @h.tool(side_effect=True)
-    async def refund(ctx: tt.ToolContext, order: str, amount: int) -> str:
-        """Refund an order."""
-        with sqlite3.connect(ledger) as conn:
-            conn.execute("CREATE TABLE IF NOT EXISTS paid (key TEXT, order_id TEXT)")
-            conn.execute("INSERT INTO paid VALUES (?, ?)", (ctx.idempotency_key, order))
-        return f"refunded {amount}"
-
-    @refund.reconcile
-    async def _(ctx: tt.ToolContext, order: str, amount: int) -> str | None:
-        with sqlite3.connect(ledger) as conn:
-            conn.execute("CREATE TABLE IF NOT EXISTS paid (key TEXT, order_id TEXT)")
-            row = conn.execute("SELECT 1 FROM paid WHERE key = ?", (ctx.idempotency_key,)).fetchone()
-        return f"refunded {amount}" if row else None
-
-    h.add_agent("chat", ChatAgent("fake-model", base_url=base_url, api_key="none", tools=[refund]))
+    h.add_agent("chat", ChatAgent("fake-model", base_url=base_url, api_key="none",
+                                  tools=[refund_tool(h, ledger)]))
     return h
 
 
@@ -59,13 +43,9 @@ def child(db: str, ledger: str, base_url: str) -> int:
     return 0
 
 
-def run_child(tmp: Path, base_url: str, failpoints: str | None) -> int:
-    env = {k: v for k, v in os.environ.items() if k != "TETHER_FAILPOINTS"}
-    if failpoints:
-        env["TETHER_FAILPOINTS"] = failpoints
-    proc = subprocess.run([sys.executable, __file__, str(tmp / "t.db"), str(tmp / "ledger.db"),
-                           base_url], env=env, capture_output=True, text=True, timeout=40)
-    return proc.returncode
+def worker(tmp: Path, base_url: str, failpoints: str | None) -> int:
+    return run_child(__file__, [str(tmp / "t.db"), str(tmp / "ledger.db"), base_url],
+                     failpoints, timeout=40)
 
 
 @pytest.mark.parametrize("point", ["before_plan_recorded@1", "after_resume_point@1",
@@ -75,24 +55,14 @@ def test_r10_a_worker_killed_after_the_answer_resumes_without_a_second_completio
     with FakeOpenAI([reply(tool_calls=[call("refund", {"order": "A1", "amount": 5})]),
                      reply("Refunded.")]) as fake:
         asyncio.run(_submit(tmp_path, fake.url))
-        assert run_child(tmp_path, fake.url, point) == KILLED
+        assert worker(tmp_path, fake.url, point) == KILLED
         assert fake.completions == 1  # the answer came, then the worker died
         wait_out_dead_lease(tmp_path / "t.db")
-        assert run_child(tmp_path, fake.url, None) == 0
+        assert worker(tmp_path, fake.url, None) == 0
         assert fake.completions == 2  # only the step after the tool: zero extra
     info = asyncio.run(_info(tmp_path, fake.url))
     assert info.record.status is tt.Status.COMPLETED and info.snapshot.result == "Refunded."
-    with sqlite3.connect(tmp_path / "ledger.db") as conn:
-        assert conn.execute("SELECT COUNT(*) FROM paid").fetchone()[0] == 1
-
-
-def wait_out_dead_lease(db: Path) -> None:
-    """Until the killed worker's lease on t1 has run out (a worker run until idle finds no
-    claimable work under a live lease and stops; a child that started quicker than the lease
-    lasts would do nothing)."""
-    with sqlite3.connect(db) as conn:
-        (until,) = conn.execute("SELECT lease_until FROM tasks WHERE task_id = 't1'").fetchone()
-    time.sleep(max(0.0, until - time.time()) + 0.05)
+    assert paid(tmp_path / "ledger.db") == 1
 
 
 async def _submit(tmp: Path, url: str) -> None:

@@ -35,6 +35,13 @@ def app_harness(path: Path) -> tt.Harness:
                 return tt.Reply("asking") if t.step == 0 else tt.Wait("approval")
             return tt.Finish(t.last_event["payload"])
 
+    @h.agent("priced")
+    class Priced(tt.Agent):
+        async def plan(self, t: tt.TaskView) -> tt.Action:
+            t.record_completion("m-1", usage={"prompt_tokens": 120, "completion_tokens": 8},
+                                finish_reason="stop", seconds=0.25)
+            return tt.Finish("answered")
+
     return h
 
 
@@ -230,3 +237,21 @@ async def test_r26_the_console_lists_shows_and_steers_tasks_for_an_operator(api)
     assert (await harness.store.get_task("t1")).status is tt.Status.CANCELLED
     bundle = await client.get("/console/tasks/t1/bundle")
     assert bundle.json()["task"]["status"] == "cancelled"
+
+
+async def test_r02_the_console_shows_each_model_call_with_its_cost(
+        api: tuple[httpx.AsyncClient, tt.Harness]) -> None:
+    """Issue 16: a completion an agent recorded is a "model call" row in the timeline, with
+    its finish reason, tokens and time; the API's task carries the usage totals."""
+    client, harness = api
+    origin = {"Origin": str(client.base_url).rstrip("/")}
+    await harness.submit("priced", task_id="p1")
+    await harness.run_until_idle(timeout=5)
+    login = await client.get("/console")
+    await client.post("/console/login", headers=origin,
+                      data={"token": READER, "csrf": csrf_of(login.text)})
+    page = (await client.get("/console/tasks/p1")).text
+    assert "model call" in page and "m-1: stop, 120+8 tokens, 0.25s" in page
+    task = (await client.get("/api/tasks/p1", headers=auth(READER))).json()
+    assert task["snapshot"]["usage"] == {"completions": 1, "prompt_tokens": 120,
+                                         "completion_tokens": 8}

@@ -14,10 +14,7 @@ named failpoint: ``python test_real_model.py DB LEDGER BASE_URL``.
 from __future__ import annotations
 
 import asyncio
-import os
-import sqlite3
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -29,12 +26,14 @@ import pytest
 import tether as tt
 from tether.agents import ChatAgent, RequestOptions
 
-sys.path.insert(0, str(Path(__file__).parent))  # the child runs this file as a script
+sys.path.insert(0, str(Path(__file__).parents[1]))  # the child runs this file as a script
+sys.path.insert(0, str(Path(__file__).parent))
 
 from proxy import CountingProxy
 from server import MODEL, SYSTEM_PROMPT, USER_PROMPT, RealServer, running_server
 
-KILLED = -9
+from killed_chat import KILLED, paid, refund_tool, run_child, wait_out_dead_lease
+
 LEASE = 0.5
 
 
@@ -42,23 +41,7 @@ def build(db: str, ledger: str, base_url: str, **agent: Any) -> tt.Harness:
     h = tt.Harness(f"sqlite:///{db}", settings=tt.Settings(lease_seconds=LEASE,
                                                            poll_interval=0.02))
 
-    @h.tool(side_effect=True)
-    async def refund(ctx: tt.ToolContext, order: str, amount: int) -> str:
-        """Refund an order."""
-        with sqlite3.connect(ledger) as conn:
-            conn.execute("CREATE TABLE IF NOT EXISTS paid (key TEXT, order_id TEXT)")
-            conn.execute("INSERT INTO paid VALUES (?, ?)", (ctx.idempotency_key, order))
-        return f"refunded {amount} dollars on order {order}"
-
-    @refund.reconcile
-    async def _(ctx: tt.ToolContext, order: str, amount: int) -> str | None:
-        with sqlite3.connect(ledger) as conn:
-            conn.execute("CREATE TABLE IF NOT EXISTS paid (key TEXT, order_id TEXT)")
-            row = conn.execute("SELECT 1 FROM paid WHERE key = ?",
-                               (ctx.idempotency_key,)).fetchone()
-        return f"refunded {amount} dollars on order {order}" if row else None
-
-    agent.setdefault("tools", [refund])
+    agent.setdefault("tools", [refund_tool(h, ledger)])
     agent.setdefault("system", SYSTEM_PROMPT)
     h.add_agent("chat", ChatAgent(MODEL, base_url=base_url, api_key="none", context_tokens=4096,
                                   **agent))
@@ -74,33 +57,15 @@ def child(db: str, ledger: str, base_url: str) -> int:
     return 0
 
 
-def run_child(tmp: Path, base_url: str, failpoints: str | None) -> int:
-    env = {k: v for k, v in os.environ.items() if k != "TETHER_FAILPOINTS"}
-    if failpoints:
-        env["TETHER_FAILPOINTS"] = failpoints
-    proc = subprocess.run([sys.executable, __file__, str(tmp / "t.db"), str(tmp / "ledger.db"),
-                           base_url], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode in (0, KILLED), proc.stderr[-3000:]
-    return proc.returncode
+def worker(tmp: Path, base_url: str, failpoints: str | None) -> int:
+    return run_child(__file__, [str(tmp / "t.db"), str(tmp / "ledger.db"), base_url],
+                     failpoints, timeout=300)
 
 
 @pytest.fixture
 def proxy(real_model: RealServer) -> Iterator[CountingProxy]:
     with CountingProxy(real_model.base_url) as counting:
         yield counting
-
-
-def paid(tmp: Path) -> int:
-    with sqlite3.connect(tmp / "ledger.db") as conn:
-        conn.execute("CREATE TABLE IF NOT EXISTS paid (key TEXT, order_id TEXT)")
-        return int(conn.execute("SELECT COUNT(*) FROM paid").fetchone()[0])
-
-
-def wait_out_dead_lease(db: Path) -> None:
-    """Until a killed worker's lease on t1 has run out, so the next worker can take it."""
-    with sqlite3.connect(db) as conn:
-        (until,) = conn.execute("SELECT lease_until FROM tasks WHERE task_id = 't1'").fetchone()
-    time.sleep(max(0.0, (until or 0) - time.time()) + 0.05)
 
 
 async def submit(tmp: Path, url: str, text: str = USER_PROMPT) -> None:
@@ -120,10 +85,10 @@ def uninterrupted(real_model: RealServer, tmp_path_factory: pytest.TempPathFacto
     tmp = tmp_path_factory.mktemp("uninterrupted")
     with CountingProxy(real_model.base_url) as counting:
         asyncio.run(submit(tmp, counting.url))
-        assert run_child(tmp, counting.url, None) == 0
+        assert worker(tmp, counting.url, None) == 0
         info, history = asyncio.run(outcome(tmp, counting.url))
     figures["completions_uninterrupted"] = counting.completions
-    return {"completions": counting.completions, "paid": paid(tmp), "info": info,
+    return {"completions": counting.completions, "paid": paid(tmp / "ledger.db"), "info": info,
             "history": history}
 
 
@@ -145,13 +110,13 @@ def test_r10_a_killed_worker_costs_no_extra_completion_and_no_second_refund(
         tmp_path: Path, proxy: CountingProxy, uninterrupted: dict[str, Any], point: str,
         figures: dict[str, Any]) -> None:
     asyncio.run(submit(tmp_path, proxy.url))
-    assert run_child(tmp_path, proxy.url, point) == KILLED
+    assert worker(tmp_path, proxy.url, point) == KILLED
     wait_out_dead_lease(tmp_path / "t.db")
-    assert run_child(tmp_path, proxy.url, None) == 0
+    assert worker(tmp_path, proxy.url, None) == 0
     info, _ = asyncio.run(outcome(tmp_path, proxy.url))
     assert info.record.status is tt.Status.COMPLETED, info.record.reason
     assert proxy.completions == uninterrupted["completions"]
-    assert paid(tmp_path) == uninterrupted["paid"] == 1
+    assert paid(tmp_path / "ledger.db") == uninterrupted["paid"] == 1
     figures.setdefault("completions_killed_at", {})[point] = proxy.completions
 
 

@@ -54,6 +54,25 @@ def test_an_outage_is_logged_once_when_it_begins_and_once_when_it_ends(
     assert outage.outages == 2
 
 
+def test_r13_a_call_that_waited_through_an_outage_does_not_start_another(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A call that waited 5 s for a pooled connection all through an outage fails just after
+    another call ended it: that failure belongs to the outage that ended, so it is not
+    logged as a new one; a failure of a call begun afterwards is."""
+    log = logging.getLogger("tether.test_outage_waited")
+    caplog.set_level(logging.INFO, logger="tether.test_outage_waited")
+    outage = Outage(log, Backoff(rng=lambda: 1.0))
+    outage.noted(StoreUnavailable("server restarting"))
+    assert outage.succeeded() is True
+    late = StoreUnavailable("couldn't get a connection after 5.00 sec")
+    late.waited = 5.0
+    outage.noted(late)
+    assert not outage.active and outage.outages == 1
+    outage.noted(StoreUnavailable("away again"))
+    assert outage.active and outage.outages == 2
+    assert [r.levelname for r in caplog.records] == ["WARNING", "INFO", "WARNING"]
+
+
 class Switch:
     """A store whose every call raises StoreUnavailable (or *error*) while it is down."""
 

@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.text import Text
 
 import tether as tt
+from tether.agent import completion_summary
 from tether.bundle import dumps_bundle
 from tether.cli.app import DEFAULT_APP, app_harness, harness_command, json_arg, load_app, moment
 from tether.cli.integrity import Report, StoreUnreachable, check_store
@@ -319,11 +320,7 @@ async def history(harness: tt.Harness, task_id: str, as_json: bool) -> None:
 def _row_content(row: Mapping[str, Any]) -> Any:
     """What a dialog row says, in one cell; a model call shows what it cost and how it ended."""
     if row.get("role") == "model":
-        tokens = row.get("usage") or {}
-        rejected = f", {len(row['rejected'])} calls rejected" if row.get("rejected") else ""
-        return (f"{row.get('model')}: {row.get('finish_reason') or 'no finish reason'},"
-                f" {tokens.get('prompt_tokens', 0)}+{tokens.get('completion_tokens', 0)} tokens,"
-                f" {row.get('seconds', 0)}s{rejected}")
+        return completion_summary(row)
     return row.get("content", row.get("tool_call", row.get("error", "")))
 
 

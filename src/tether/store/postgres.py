@@ -165,7 +165,9 @@ class PostgresStore(SQLBackend):
         connections that broke with it, so the next call gets a fresh one."""
         if isinstance(exc, PoolTimeout):
             why = await probe(self.url, self.where, self._options)
-            return why or classify(exc, self.where, outcome)
+            error = why or classify(exc, self.where, outcome)
+            error.waited = POOL_WAIT
+            return error
         if connection_lost(exc):
             with contextlib.suppress(Exception):
                 await self._pool.check()

@@ -42,6 +42,7 @@ class Outage:
         self.log = log
         self.backoff = backoff or Backoff()
         self.began: float | None = None
+        self.ended: float | None = None
         self.failures = 0
         self.outages = 0
         """Outages seen so far (ended or not)."""
@@ -58,7 +59,12 @@ class Outage:
 
     def noted(self, error: BaseException) -> None:
         """Note a failure met elsewhere (a task's write, a renewal) without waiting on it.
-        The first failure of an outage is logged as a WARNING; the others are only counted."""
+        The first failure of an outage is logged as a WARNING; the others are only counted.
+        A call that began before the last outage ended (it waited for a connection all
+        through it) failed in that outage: it does not start a new one."""
+        began = time.monotonic() - getattr(error, "waited", 0.0)
+        if self.began is None and self.ended is not None and began < self.ended:
+            return
         self.last_error = error
         self.failures += 1
         if self.began is None:
@@ -76,5 +82,6 @@ class Outage:
         self.log.info("store available again after %.1f s (%d failed attempt%s)", took,
                       self.failures, "" if self.failures == 1 else "s")
         self.began, self.failures = None, 0
+        self.ended = time.monotonic()
         self.backoff.reset()
         return True

@@ -20,6 +20,7 @@ from urllib.parse import quote
 
 import orjson
 
+from tether.agent import completion_summary
 from tether.engine.decisions import DECISIONS, Decision
 from tether.engine.timers import local_time
 from tether.errors import TetherError
@@ -256,6 +257,8 @@ def _describe(row: Mapping[str, Any]) -> str:
         return f"event {row.get('type')}"
     if row.get("role") == "assistant":
         return "reply (cut off)" if row.get("cut_off") else "reply"
+    if row.get("role") == "model":
+        return "model call"
     return str(row.get("event") or row.get("role"))
 
 
@@ -263,6 +266,8 @@ def _detail(row: Mapping[str, Any]) -> str:
     if "tool_call" in row:
         call = row["tool_call"]
         return f"key {call['key']}  args {orjson.dumps(call['args']).decode()[:300]}"
+    if row.get("role") == "model":
+        return completion_summary(row)
     value = row.get("error") or row.get("content")
     text = value if isinstance(value, str) else orjson.dumps(value).decode()
     return text[:500]
