@@ -79,6 +79,8 @@ class Answer:
     calls: list[dict[str, str]] = field(default_factory=list)
     finish_reason: str | None = None
     usage: dict[str, int] | None = None
+    seconds: float = 0.0
+    """How long it took, retries included (for its ``model`` row)."""
 
 
 class ChatAgent(Agent):
@@ -116,8 +118,6 @@ class ChatAgent(Agent):
         self.keep_recent = keep_recent
         self.memory_hits = memory_hits
         self.corrections = corrections
-        self._seconds = 0.0
-        """How long the last completion took, retries included (for its ``model`` row)."""
 
     async def plan(self, task: TaskView) -> Action:
         queued = task.scratch.get("queued") or []
@@ -141,7 +141,7 @@ class ChatAgent(Agent):
             calls, rejected = self._sort_calls(answer.calls)
             task.record_completion(self.model, usage=answer.usage,
                                    finish_reason=answer.finish_reason,
-                                   seconds=self._seconds, rejected=rejected,
+                                   seconds=answer.seconds, rejected=rejected,
                                    text=answer.text if rejected and not calls else None)
             check_finish(answer.finish_reason, self.model, self.options)
             if not rejected:
@@ -153,7 +153,7 @@ class ChatAgent(Agent):
                 raise NeedsPerson(f"model {self.model} sent tool calls that cannot be made in"
                                   f" {told} answers in a row; the last: {rejected[0]['error']}")
             if calls:
-                return Answer(), calls  # its text goes with the rejected calls it came with
+                return answer, calls  # the valid calls run; the rejected ones were told
 
     # ------------------------------------------------------------------ tool calls
 
@@ -246,7 +246,7 @@ class ChatAgent(Agent):
             older = [m for row in rows[:chunk] for m in prompt.messages(row, limit)]
             request = prompt.summary_request(task.scratch.get("summary"), task.input, older)
             answer = await self._complete(request, offer_tools=False)
-            task.record_completion(self.model, usage=answer.usage, seconds=self._seconds,
+            task.record_completion(self.model, usage=answer.usage, seconds=answer.seconds,
                                    finish_reason=answer.finish_reason)
             task.scratch["summary"] = answer.text
             task.scratch["summary_upto"] = start + chunk
@@ -257,11 +257,10 @@ class ChatAgent(Agent):
                         offer_tools: bool = True) -> Answer:
         fields = self.options.fields(self.schemas if offer_tools else [], self.stream)
         started = time.monotonic()
-        try:
-            return await with_retries(lambda: self._attempt(messages, fields), self.retry,
-                                      f"model {self.model}")
-        finally:
-            self._seconds = time.monotonic() - started
+        answer = await with_retries(lambda: self._attempt(messages, fields), self.retry,
+                                    f"model {self.model}")
+        answer.seconds = time.monotonic() - started
+        return answer
 
     async def _attempt(self, messages: list[dict[str, Any]], fields: dict[str, Any]) -> Answer:
         """One request, within the timeout."""
