@@ -49,7 +49,7 @@ from tether.model import (
 )
 from tether.protocol import InterruptionProtocol, Rule
 from tether.settings import Settings
-from tether.tools import RetryPolicy, Tool, ToolContext
+from tether.tools import RetryPolicy, Tool, ToolContext, ToolPolicy
 
 __version__ = "0.1.0"
 
@@ -97,6 +97,7 @@ __all__ = [
     "Tool",
     "ToolCall",
     "ToolContext",
+    "ToolPolicy",
     "ToolTimeout",
     "UnknownAgent",
     "UnknownEventType",

@@ -12,9 +12,12 @@ import copy
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 from tether.model import Action, Event, Frame, Snapshot
+
+if TYPE_CHECKING:
+    from tether.tools import Tool
 
 
 @dataclass(frozen=True)
@@ -130,13 +133,16 @@ class TaskView:
     def record_completion(self, model: str, *, usage: Mapping[str, int] | None = None,
                           finish_reason: str | None = None, seconds: float = 0.0,
                           rejected: Sequence[Mapping[str, Any]] = (),
-                          text: str | None = None) -> None:
+                          text: str | None = None,
+                          messages: Sequence[Mapping[str, Any]] = ()) -> None:
         """Record one model completion this plan paid for, even if the plan then fails: the
         runner adds it to the dialog (a ``model`` row) and to the task's usage, which
         ``show``, the bundle and ``/metrics`` report, and which bounds a looping model.
         *rejected* lists tool calls the answer asked for that could not be made (each with
         ``name``, ``arguments`` and ``error``), so the next prompt can say what was wrong;
-        *text* is what the answer said beside them when nothing else of it is kept."""
+        *text* is what the answer said beside them when nothing else of it is kept;
+        *messages* are the provider-format messages the completion added, as plain data (a
+        framework's history, rebuilt from these rows on resume)."""
         record: dict[str, Any] = {"model": model, "finish_reason": finish_reason,
                                   "seconds": round(seconds, 3),
                                   "usage": {k: int(v) for k, v in (usage or {}).items()}}
@@ -144,6 +150,8 @@ class TaskView:
             record["rejected"] = [dict(call) for call in rejected]
         if text:
             record["text"] = text
+        if messages:
+            record["messages"] = [dict(message) for message in messages]
         self.completions.append(record)
 
     @property
@@ -190,6 +198,11 @@ class Agent:
     that change what ``plan`` does, and the dialog shows which code planned which step."""
     fallback: Fallback = Fallback()
     """What this agent does while degraded (R3): options, allowed tools, or pause."""
+
+    def own_tools(self) -> Sequence[Tool]:
+        """Tools this agent brings with it (a framework agent's own tools, wrapped as tether
+        tools): ``Harness.add_agent`` registers them once the agent has its name."""
+        return ()
 
     async def plan(self, task: TaskView) -> Action:
         """Return the next action for this frame."""

@@ -167,12 +167,16 @@ class Harness:
             tool = Tool(fn, name=name or fn.__name__, side_effect=side_effect,
                         idempotent=idempotent, timeout=timeout, retry=retry or RetryPolicy(),
                         interruptible=interruptible, version=version)
-            if tool.name in self.tools:
-                raise ConfigurationError(f"a tool named {tool.name!r} is already registered")
-            self.tools[tool.name] = tool
-            return tool
+            return self.add_tool(tool)
 
         return register(fn) if fn is not None else register
+
+    def add_tool(self, tool: Tool) -> Tool:
+        """Register a tool built elsewhere (an integration's, from a :class:`ToolPolicy`)."""
+        if tool.name in self.tools:
+            raise ConfigurationError(f"a tool named {tool.name!r} is already registered")
+        self.tools[tool.name] = tool
+        return tool
 
     def agent(self, name: str) -> Callable[[type[A]], type[A]]:
         """Register an agent class (instantiated with no arguments) under *name*."""
@@ -190,6 +194,8 @@ class Harness:
         if not inspect.iscoroutinefunction(getattr(agent, "plan", None)):
             raise ConfigurationError(f"agent {name!r} needs an async plan(task) method")
         agent.name = name
+        for tool in agent.own_tools():
+            self.add_tool(tool)
         self.agents[name] = agent
 
     def resource_kind(self, name: str, exists: Callable[[str], bool],

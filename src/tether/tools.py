@@ -154,6 +154,33 @@ class Tool:
         return f"<Tool {self.name} {kind}>"
 
 
+@dataclass(frozen=True)
+class ToolPolicy:
+    """How tether treats a tool it did not define itself (a framework agent's tool, an MCP
+    server's): what a crash in the middle of it means, and how it is retried. The default
+    is the safe one: a tool nothing is known about is taken to have a side effect, so a
+    crash mid-call is never followed by a blind repeat."""
+
+    side_effect: bool = True
+    idempotent: bool = False
+    """A repeat is harmless (a read, or a service that deduplicates by the idempotency key):
+    then it is not a side effect for tether's purposes."""
+    timeout: float | None = None
+    retry: RetryPolicy | None = None
+    reconcile: ReconcileFn | None = None
+    """Asked after a crash left a side-effecting call's outcome unknown (see Tool.reconcile)."""
+    version: str = "1"
+
+    def tool(self, fn: ToolFn, name: str) -> Tool:
+        """A tether tool calling *fn* under this policy."""
+        tool = Tool(fn, name=name, side_effect=self.side_effect and not self.idempotent,
+                    idempotent=self.idempotent, timeout=self.timeout,
+                    retry=self.retry or RetryPolicy(), interruptible=False, version=self.version)
+        if self.reconcile is not None:
+            tool.reconcile(self.reconcile)
+        return tool
+
+
 def args_hash(tool: str, args: Any) -> str:
     """A stable hash of a call's tool and arguments: the identity an idempotency record checks (E3)."""
     data = orjson.dumps([tool, args], option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)

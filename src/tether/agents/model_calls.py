@@ -162,28 +162,38 @@ async def with_retries(attempt: Callable[[], Awaitable[T]], policy: RetryPolicy,
         except (ModelTimeout, OpenAIError) as error:
             if not transient(error) or retry == policy.attempts:
                 raise _as_model_error(error, what, retry) from None
-            asked = retry_after(error)
-            if asked is not None and asked > policy.max_retry_after:
-                raise ModelUnavailable(f"{what}: the provider asked to wait {asked:.0f}s, longer"
-                                       f" than max_retry_after={policy.max_retry_after:.0f}s;"
-                                       f" {describe(error)}") from None
-            await policy.sleep(policy.delay(retry, asked))
+            await _wait_to_retry(error, policy, retry, what)
+        except Exception as error:  # a framework's own error (PydanticAI's ModelHTTPError)
+            if not transient(error) or retry == policy.attempts:
+                raise
+            await _wait_to_retry(error, policy, retry, what)
     raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+async def _wait_to_retry(error: Exception, policy: RetryPolicy, retry: int, what: str) -> None:
+    asked = retry_after(error)
+    if asked is not None and asked > policy.max_retry_after:
+        raise ModelUnavailable(f"{what}: the provider asked to wait {asked:.0f}s, longer"
+                               f" than max_retry_after={policy.max_retry_after:.0f}s;"
+                               f" {describe(error)}") from None
+    await policy.sleep(policy.delay(retry, asked))
 
 
 def transient(error: BaseException) -> bool:
     """Whether waiting and asking again may succeed."""
     if isinstance(error, ModelTimeout | APIConnectionError):  # resets and client timeouts
         return True
-    if isinstance(error, APIStatusError):
-        return error.status_code in TRANSIENT_STATUS or error.status_code >= 500
-    return False
+    status = getattr(error, "status_code", None)  # the openai client's, or a framework's
+    if isinstance(status, int):
+        return status in TRANSIENT_STATUS or status >= 500
+    cause = error.__cause__  # a framework's error raised from the client's
+    return isinstance(cause, OpenAIError) and transient(cause)
 
 
 def retry_after(error: BaseException) -> float | None:
     """Seconds the provider asked us to wait (``retry-after-ms`` or ``Retry-After``, in
     seconds or as an HTTP date), or None."""
-    response = getattr(error, "response", None)
+    response = getattr(error, "response", None) or getattr(error.__cause__, "response", None)
     headers = getattr(response, "headers", None)
     if headers is None:
         return None
