@@ -48,6 +48,27 @@ async def test_it_finds_the_fault_in_a_broken_agent() -> None:
     assert replayed.violations, "the printed seed must reproduce the violation"
 
 
+async def test_it_finds_an_agent_that_lost_its_place_with_harmless_tools() -> None:
+    """Issue 17: an agent keeping its progress in a module global reads every page again after
+    a restart. Nothing is paid twice, but the kill runs report the re-planned work (the
+    baseline runs in a process of its own, so the global cannot hide it)."""
+    reader = Target("tether.examples.broken:harness", "reader", {"pages": 4})
+    report = await torture(reader, seeds=8, faults=False)
+    replanned = [v for v in report.violations if v.kind == "re-planned work it had done"]
+    assert replanned, report
+    assert "fetch" in replanned[0].detail and "outside the task" in replanned[0].detail
+
+
+async def test_a_pydantic_ai_agent_is_tortured_like_a_native_one() -> None:
+    """Issue 17: the PydanticAI example under faults and kills: its tools are tether tools,
+    so the ledger sees them, and nothing is repeated, lost or stuck."""
+    pytest.importorskip("pydantic_ai")
+    report = await torture(Target("tether.examples.pydantic_ai_refunds:harness", "refunds",
+                                  "Refund A1 and B2"), seeds=4)
+    assert report.violations == [], report.violations
+    assert report.runs == 8 and report.kills >= 2
+
+
 async def test_fault_runs_alone_find_nothing_wrong_with_the_harness() -> None:
     """With every fault switched on hard, the harness may park the task for a person, but it
     never repeats a side effect or loses an event."""

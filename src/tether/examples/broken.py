@@ -7,6 +7,10 @@ tether cannot save an agent from state it never sees: this is what
 ``tether torture`` is for.
 
     tether torture tether.examples.broken:harness charges --input '{"customers": ["a", "b", "c"]}'
+
+``reader`` makes the same mistake with a tool that has no side effect: nothing is paid twice,
+but after a restart it reads every page again, under new keys (``tether torture`` reports it
+as "re-planned work it had done").
 """
 
 from __future__ import annotations
@@ -37,3 +41,25 @@ class ForgetfulCharges(tt.Agent):
             return tt.Finish({"charged": done})
         self.done[task.task_id] = done + 1
         return tt.ToolCall("charge", {"customer": customers[done]})
+
+
+PAGES_READ: dict[str, int] = {}
+"""BROKEN: the reader's progress, in a module global that a restart forgets."""
+
+
+@harness.tool(idempotent=True)
+async def fetch(ctx: tt.ToolContext, page: int) -> str:
+    return f"page {page}"
+
+
+@harness.agent("reader")
+class ForgetfulReader(tt.Agent):
+    """BROKEN: progress lives in :data:`PAGES_READ`, not in ``task.scratch``."""
+
+    async def plan(self, task: tt.TaskView) -> tt.Action:
+        pages: int = task.input["pages"]
+        done = PAGES_READ.get(task.task_id, 0)
+        if done == pages:
+            return tt.Finish({"read": done})
+        PAGES_READ[task.task_id] = done + 1
+        return tt.ToolCall("fetch", {"page": done})

@@ -106,13 +106,50 @@ class Baseline:
     status: tt.Status
     result: Any
     side_effects: dict[tuple[str, str], int]
+    keys: dict[tuple[str, str], int]
+    """Under how many keys each call (tool, arguments) is made in an uninterrupted run."""
 
 
 async def _baseline(target: Target, folder: Path) -> Baseline:
-    outcome = await _run_in_process(target, folder / "baseline", FaultPlan.none(), 0)
-    if outcome.status not in SETTLED:
-        raise tt.TetherError(f"the task does not settle even without faults ({outcome.status})")
-    return Baseline(outcome.status, outcome.result, dict(outcome.ledger.side_effects_by_args()))
+    """The task with no faults, run by a worker process of its own: an agent that keeps its
+    progress in process memory must not carry it over into the runs compared with this."""
+    run = folder / "baseline"
+    run.mkdir(parents=True, exist_ok=True)
+    task_id = await _submit(target, run)
+    info = await _finish(target, run, task_id)
+    if info.record.status not in SETTLED:
+        raise tt.TetherError(f"the task does not settle even without faults"
+                             f" ({info.record.status})")
+    ledger = Ledger(str(run / "ledger.db"))
+    try:
+        return Baseline(info.record.status, info.snapshot.result,
+                        dict(ledger.side_effects_by_args()), dict(ledger.keys_by_args()))
+    finally:
+        ledger.close()
+
+
+async def _submit(target: Target, run: Path) -> str:
+    harness = load_harness(target.app, f"sqlite:///{run / 'tether.db'}")
+    try:
+        return await harness.submit(target.agent, target.input)
+    finally:
+        await harness.close()
+
+
+async def _finish(target: Target, run: Path, task_id: str) -> tt.TaskInfo:
+    """Fresh worker processes until the task settles with no worker holding it."""
+    store = f"sqlite:///{run / 'tether.db'}"
+    for _ in range(30):
+        _worker(target.app, run, "")
+        harness = load_harness(target.app, store)
+        try:
+            info = await harness.get(task_id)
+        finally:
+            await harness.close()
+        if info.record.status in SETTLED and info.record.lease_owner is None:
+            return info
+        await asyncio.sleep(FAST["lease_seconds"])
+    return info
 
 
 @dataclass
@@ -162,10 +199,7 @@ async def _kill_run(target: Target, seed: int, folder: Path, base: Baseline,
     rng = random.Random(seed)
     run = folder / f"kills-{seed}"
     run.mkdir(parents=True, exist_ok=True)
-    store = f"sqlite:///{run / 'tether.db'}"
-    harness = load_harness(target.app, store)
-    task_id = await harness.submit(target.agent, target.input)
-    await harness.close()
+    task_id = await _submit(target, run)
     point = rng.choice(KILL_POINTS)
     spec = f"{point}@{rng.randint(1, 3)}"
     killed = _worker(target.app, run, spec) == -9
@@ -176,16 +210,12 @@ async def _kill_run(target: Target, seed: int, folder: Path, base: Baseline,
             report.kills += 1  # the rescuer dies too, while recovering
             report.points.add("during_recovery")
             spec += ", then during_recovery@1"
-    for _ in range(30):
-        _worker(target.app, run, "")
-        harness = load_harness(target.app, store)
-        info = await harness.get(task_id)
-        if info.record.status in SETTLED and info.record.lease_owner is None:
-            break
+    info = await _finish(target, run, task_id)
+    harness = load_harness(target.app, f"sqlite:///{run / 'tether.db'}")
+    try:
+        pending = await _unapplied(harness, task_id, info.record.status)
+    finally:
         await harness.close()
-        await asyncio.sleep(FAST["lease_seconds"])
-    pending = await _unapplied(harness, task_id, info.record.status)
-    await harness.close()
     ledger = Ledger(str(run / "ledger.db"))
     outcome = Outcome(info.record.status, info.snapshot.result, ledger, info.record.status
                       not in SETTLED, pending)
@@ -193,6 +223,7 @@ async def _kill_run(target: Target, seed: int, folder: Path, base: Baseline,
     _tally(report, info.record.status)
     _check(report, target, seed, "kills", outcome, base, compare_result=True,
            context=f" (worker killed at {spec})" if killed else "")
+
 
 
 def _worker(app: str, folder: Path, failpoints: str) -> int:
@@ -224,6 +255,14 @@ def _check(report: TortureReport, target: Target, seed: int, kind: str, outcome:
         violation("task stuck", f"the task did not settle (status {outcome.status.value})")
     if outcome.pending:
         violation("event lost", f"accepted events never applied: {', '.join(outcome.pending)}")
+    if compare_result:
+        for (tool, args), keys in outcome.ledger.keys_by_args().items():
+            expected = base.keys.get((tool, args), 0)
+            if 0 < expected < keys:
+                violation("re-planned work it had done",
+                          f"{tool}({args:.200}) was planned {keys} times (a new key each time);"
+                          f" an uninterrupted run plans it {expected} time(s). Does the agent"
+                          " keep its progress outside the task (a global, the agent object)?")
     if compare_result and outcome.status is tt.Status.COMPLETED and \
             base.status is tt.Status.COMPLETED and outcome.result != base.result:
         violation("result changed by a restart",

@@ -48,6 +48,11 @@ class InjectedFault(RuntimeError):
     """A failure tether.testing made up; seeing it in a reason is expected."""
 
 
+CALL_IDS = frozenset({"tool_call_id", "call_id"})
+"""Arguments a framework integration adds to name the model's call: not part of what the
+call does, so two plannings of the same call compare equal without them."""
+
+
 class Ledger:
     """Every real tool execution: (tool, idempotency key, arguments, side effect?)."""
 
@@ -58,9 +63,18 @@ class Ledger:
                          " side_effect INTEGER)")
 
     def record(self, tool: str, key: str, args: dict[str, Any], side_effect: bool) -> None:
+        what = {name: value for name, value in args.items() if name not in CALL_IDS}
         self._db.execute("INSERT INTO runs VALUES (?, ?, ?, ?)",
-                         (tool, key, orjson.dumps(args, option=orjson.OPT_SORT_KEYS).decode(),
+                         (tool, key, orjson.dumps(what, option=orjson.OPT_SORT_KEYS).decode(),
                           int(side_effect)))
+
+    def keys_by_args(self) -> Counter[tuple[str, str]]:
+        """For the tools without side effects (those have a check of their own): under how
+        many keys each call was made. More keys than an uninterrupted run uses means the
+        agent planned the call again: it lost its place."""
+        return Counter({(t, a): n for t, a, n in self._db.execute(
+            "SELECT tool, args, COUNT(DISTINCT key) FROM runs WHERE NOT side_effect"
+            " GROUP BY tool, args")})
 
     def side_effects_by_key(self) -> Counter[tuple[str, str]]:
         return Counter((t, k) for t, k in self._db.execute(
