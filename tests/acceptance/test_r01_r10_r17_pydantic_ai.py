@@ -247,16 +247,55 @@ def test_r17_tool_policies_must_name_the_agents_tools() -> None:
         PydanticAIAgent(refund_agent(TestModel(), Shop()), tools={"nope": tt.ToolPolicy()})
 
 
-def test_r17_tools_that_need_approval_are_refused_clearly() -> None:
-    agent: Agent[None, str] = Agent(TestModel())
+def approval_agent(wiped: list[str]) -> Agent[None, str]:
+    """A model that asks to wipe a disk (a tool that needs approval), then reports."""
+    def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        returned = [p for p in messages[-1].parts if isinstance(p, ToolReturnPart)]
+        if returned:
+            return ModelResponse(parts=[TextPart(f"{returned[0].outcome}: {returned[0].content}")])
+        return ModelResponse(parts=[ToolCallPart("wipe", {"disk": "d1"}, tool_call_id="w1")])
+
+    agent: Agent[None, str] = Agent(FunctionModel(answer))
 
     @agent.tool_plain(requires_approval=True)
-    async def wipe() -> str:
-        """Wipe everything."""
-        return "wiped"
+    async def wipe(disk: str) -> str:
+        """Wipe a disk."""
+        wiped.append(disk)
+        return f"wiped {disk}"
 
-    with pytest.raises(ConfigurationError, match="wipe require approval"):
-        PydanticAIAgent(agent)
+    return agent
+
+
+@pytest.mark.parametrize(("answer", "result", "ran"), [
+    (True, "success: wiped d1", ["d1"]),
+    ({"approved": False, "reason": "not that disk"}, "denied: not that disk", []),
+])
+async def test_r26_a_tool_that_needs_approval_waits_for_a_person(
+        tmp_path: Path, answer: Any, result: str, ran: list[str]) -> None:
+    """PydanticAI's tool approval is a tether Wait: the task waits (no worker held) until an
+    ``approval`` event comes; approved, the tool runs as approved; denied, the model is told."""
+    wiped: list[str] = []
+    h = harness(tmp_path, approval_agent(wiped), tools={})
+    tid = await h.submit("support", "Wipe d1")
+    await h.run_until_idle(timeout=10)
+    assert (await h.get(tid)).record.status is tt.Status.WAITING and wiped == []
+    await h.emit(tt.Event("approval", tid, answer))
+    await h.run_until_idle(timeout=10)
+    info = await h.get(tid)
+    assert info.snapshot.result == result and wiped == ran
+    await h.close()
+
+
+async def test_r26_no_approval_in_time_is_a_denial(tmp_path: Path) -> None:
+    wiped: list[str] = []
+    h = harness(tmp_path, approval_agent(wiped), tools={}, approval_timeout=0.05)
+    tid = await h.submit("support", "Wipe d1")
+    await h.run_until_idle(timeout=10)
+    await asyncio.sleep(0.1)  # past the wait's due time: the next worker fires its timer
+    await h.run_until_idle(timeout=10)
+    info = await h.get(tid)
+    assert info.snapshot.result == "denied: No one approved the call in time." and wiped == []
+    await h.close()
 
 
 def test_r08_a_cut_first_answer_still_opens_with_the_prompt() -> None:

@@ -25,9 +25,13 @@ does for its own agents:
 - **Interruptions**: a P0 cancels a streaming request at once and keeps the partial text
   (marked cut off); a P1 user message reaches the next model request as a user prompt.
 
-Not yet covered: PydanticAI's deferred tools and tool approval (a tool marked
-``requires_approval`` is refused with a clear error), and MCP toolsets attached to the agent
-(register MCP servers as tether tools with :mod:`tether.integrations.mcp` instead).
+- **Approval**: a call to a tool marked ``requires_approval`` waits (a ``tt.Wait`` for an
+  ``approval`` event, sent from the console, the CLI or a webhook); approved, it runs
+  through PydanticAI as approved; denied or timed out, the model is told it was denied.
+
+Not yet covered: tools PydanticAI defers to run elsewhere (``CallDeferred``), and MCP
+toolsets attached to the agent (register MCP servers as tether tools with
+:mod:`tether.integrations.mcp` instead).
 """
 
 from __future__ import annotations
@@ -43,12 +47,17 @@ import pydantic_core
 from tether.agent import Agent, CutOff, TaskView
 from tether.agents.model_calls import RetryPolicy, with_retries
 from tether.errors import ConfigurationError
-from tether.model import Action, Finish, ToolCall, action_from_dict, action_to_dict
+from tether.model import Action, Finish, ToolCall, Wait, action_from_dict, action_to_dict
 from tether.tools import Tool, ToolContext, ToolPolicy
 
 try:
     import pydantic_ai
-    from pydantic_ai import CallToolsNode, ModelMessagesTypeAdapter, ModelRequestNode
+    from pydantic_ai import (
+        CallToolsNode,
+        DeferredToolResults,
+        ModelMessagesTypeAdapter,
+        ModelRequestNode,
+    )
     from pydantic_ai.messages import (
         ModelMessage,
         ModelRequest,
@@ -68,6 +77,8 @@ KEY = "tether_idempotency_key"
 AGAIN = 3
 """Model requests one plan may make when PydanticAI itself asks again (invalid output)."""
 CUT = " [cut off: interrupted before the answer was finished]"
+PENDING = "pending"
+"""A queued call's approval before the ``approval`` event came."""
 
 _current: contextvars.ContextVar[ToolContext | None] = contextvars.ContextVar(
     "tether_pydantic_ai_call", default=None)
@@ -90,11 +101,14 @@ class PydanticAIAgent(Agent):
     def __init__(self, agent: pydantic_ai.Agent[Any, Any], *,
                  tools: Mapping[str, ToolPolicy] | None = None, deps: Any = None,
                  stream: bool = True, retry: RetryPolicy | None = None,
-                 version: str = "1") -> None:
+                 approval_timeout: float | None = None, version: str = "1") -> None:
         self.agent = agent
         self.deps = deps
         self.stream = stream
         self.retry = retry or RetryPolicy()
+        self.approval_timeout = approval_timeout
+        """How long a call that needs approval waits for one (None: until it comes); no
+        answer in time is a denial."""
         self.version = version
         self.policies = dict(tools or {})
         names = set(self._function_tools())
@@ -116,15 +130,17 @@ class PydanticAIAgent(Agent):
         for toolset in self.agent.toolsets:
             if isinstance(toolset, FunctionToolset):
                 tools.update(toolset.tools)
-        approval = sorted(name for name, tool in tools.items() if tool.requires_approval)
-        if approval:
-            raise ConfigurationError(f"tools {', '.join(approval)} require approval, which tether"
-                                     " does not map yet; use a tt.Wait in your own agent instead")
         return tools
 
     def _tool_fn(self, name: str) -> Any:
-        async def run(ctx: ToolContext, tool_call_id: str, args: dict[str, Any]) -> Any:
-            return await self._run_tool(ctx, ToolCallPart(name, args, tool_call_id=tool_call_id))
+        async def run(ctx: ToolContext, tool_call_id: str, args: dict[str, Any],
+                      approval: dict[str, Any] | None = None) -> Any:
+            call = ToolCallPart(name, args, tool_call_id=tool_call_id)
+            if approval is not None and not approval.get("approved"):
+                return [{"part_kind": "tool-return", "tool_name": name,
+                         "tool_call_id": tool_call_id, "outcome": "denied",
+                         "content": approval.get("reason") or "The tool call was denied."}]
+            return await self._run_tool(ctx, call, approved=approval is not None)
 
         run.__doc__ = f"PydanticAI tool {name}, run through tether."
         return run
@@ -135,7 +151,7 @@ class PydanticAIAgent(Agent):
         queued = task.scratch.get("queued") or []
         if queued:  # the rest of an answer already paid for: no new completion
             task.scratch["queued"] = queued[1:]
-            return action_from_dict(queued[0])
+            return _with_decision(action_from_dict(queued[0]), task)
         history = messages_of(task.history, task.input, f"{self.name}.")
         prompt = None if history else _text(task.input)
         for _ in range(AGAIN):
@@ -154,9 +170,16 @@ class PydanticAIAgent(Agent):
                                  " without an answer it accepts")
 
     def _calls(self, task: TaskView, calls: list[ToolCallPart]) -> Action:
-        actions = [ToolCall(f"{self.name}.{call.tool_name}",
-                            {"tool_call_id": call.tool_call_id, "args": call.args_as_dict()})
-                   for call in calls]
+        """The calls as tether actions; one that needs approval waits for an ``approval``
+        event first (a person answers from the console, the CLI or a webhook)."""
+        tools = self._function_tools()
+        actions: list[Action] = []
+        for call in calls:
+            args: dict[str, Any] = {"tool_call_id": call.tool_call_id, "args": call.args_as_dict()}
+            if tools[call.tool_name].requires_approval:
+                actions.append(Wait("approval", timeout=self.approval_timeout))
+                args["approval"] = PENDING
+            actions.append(ToolCall(f"{self.name}.{call.tool_name}", args))
         task.scratch["queued"] = [action_to_dict(a) for a in actions[1:]]
         return actions[0]
 
@@ -207,7 +230,8 @@ class PydanticAIAgent(Agent):
 
     # ------------------------------------------------------------------ tools
 
-    async def _run_tool(self, ctx: ToolContext, call: ToolCallPart) -> list[dict[str, Any]]:
+    async def _run_tool(self, ctx: ToolContext, call: ToolCallPart,
+                        approved: bool = False) -> list[dict[str, Any]]:
         """Run one call through PydanticAI, from a history holding only that call; returns
         the parts PydanticAI would send back to the model (its return, or a retry)."""
         history: list[ModelMessage] = [
@@ -215,7 +239,9 @@ class PydanticAIAgent(Agent):
             ModelResponse(parts=[call])]
         token = _current.set(ctx)
         try:
+            decided = DeferredToolResults(approvals={call.tool_call_id: True}) if approved else None
             async with self.agent.iter(None, message_history=history, deps=self.deps,
+                                       deferred_tool_results=decided,
                                        metadata={KEY: ctx.idempotency_key}) as run:
                 node = run.next_node
                 while not isinstance(node, ModelRequestNode | End):
@@ -225,6 +251,23 @@ class PydanticAIAgent(Agent):
         if isinstance(node, End):
             raise ConfigurationError(f"PydanticAI ended the run instead of running {call.tool_name}")
         return _dump([node.request])[0]["parts"]  # type: ignore[no-any-return]
+
+
+def _with_decision(action: Action, task: TaskView) -> Action:
+    """A call that waited for approval carries the answer: the payload of the ``approval``
+    event that ended the wait (``true``/``false``, or ``{"approved": ..., "reason": ...}``);
+    a wait that timed out is a denial."""
+    if not isinstance(action, ToolCall) or action.args.get("approval") != PENDING:
+        return action
+    event = dict(task.last_event or {})
+    payload = event.get("payload")
+    if event.get("timeout"):
+        decision = {"approved": False, "reason": "No one approved the call in time."}
+    elif isinstance(payload, dict):
+        decision = {"approved": bool(payload.get("approved")), "reason": payload.get("reason")}
+    else:
+        decision = {"approved": payload is True, "reason": None}
+    return ToolCall(action.name, {**action.args, "approval": decision})
 
 
 def _text_of(response: ModelResponse) -> str:
