@@ -45,7 +45,7 @@ from typing import Any
 import pydantic_core
 
 from tether.agent import Agent, CutOff, TaskView
-from tether.agents.model_calls import RetryPolicy, with_retries
+from tether.agents.model_calls import ModelError, RetryPolicy, with_retries
 from tether.errors import ConfigurationError
 from tether.model import Action, Finish, ToolCall, Wait, action_from_dict, action_to_dict
 from tether.tools import Tool, ToolContext, ToolPolicy
@@ -166,8 +166,8 @@ class PydanticAIAgent(Agent):
                 return Finish(pydantic_core.to_jsonable_python(done))
             history.append(done)  # PydanticAI asks again (invalid output, unknown tool)
             task.scratch["carried"] = _dump([done])
-        raise ConfigurationError(f"PydanticAI asked the model again {AGAIN} times in one step"
-                                 " without an answer it accepts")
+        raise ModelError(f"agent {self.name}: PydanticAI asked the model again {AGAIN} times in"
+                         " one step without getting an answer it accepts")
 
     def _calls(self, task: TaskView, calls: list[ToolCallPart]) -> Action:
         """The calls as tether actions; one that needs approval waits for an ``approval``
