@@ -1,6 +1,7 @@
 """A PydanticAI support agent run durably by tether, unchanged but for one line.
 
-    OPENAI_BASE_URL=http://localhost:8000/v1 OPENAI_MODEL=Qwen2.5-7B-Instruct python examples/pydantic_ai_support.py
+    OPENAI_BASE_URL=http://localhost:8000/v1 OPENAI_MODEL=Qwen2.5-7B-Instruct \
+        python examples/pydantic_ai_support.py
     python examples/pydantic_ai_support.py --fake
 
 The agent is plain PydanticAI: a model, a system prompt, two tools. ``PydanticAIAgent``

@@ -181,6 +181,16 @@ class ToolPolicy:
         return tool
 
 
+CALL_IDS = frozenset({"tool_call_id", "call_id"})
+"""Arguments a framework integration adds to name the model's call: not part of what the
+call does, so the same call planned twice compares equal without them."""
+
+
+def what_it_does(args: dict[str, Any]) -> dict[str, Any]:
+    """A call's arguments without the framework's call ids (see :data:`CALL_IDS`)."""
+    return {name: value for name, value in args.items() if name not in CALL_IDS}
+
+
 def args_hash(tool: str, args: Any) -> str:
     """A stable hash of a call's tool and arguments: the identity an idempotency record checks (E3)."""
     data = orjson.dumps([tool, args], option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)

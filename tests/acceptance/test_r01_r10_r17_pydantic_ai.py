@@ -305,3 +305,21 @@ def test_r08_a_cut_first_answer_still_opens_with_the_prompt() -> None:
     assert isinstance(rebuilt[0], ModelRequest) and rebuilt[0].parts[0].content == "Think hard"
     assert isinstance(rebuilt[1], ModelResponse) and "cut off" in str(rebuilt[1].parts[0])
     assert "[user_interrupt] stop" in str(rebuilt[2].parts[0])
+
+
+async def test_r12_the_same_refund_asked_again_and_again_stops_at_the_limit(
+        tmp_path: Path) -> None:
+    """The model asks for the same refund every turn, each time under a new call id: the
+    call id is not part of what the call does, so the fourth is held for a person."""
+    def again(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[ToolCallPart("refund", {"order": "A1", "amount": 5},
+                                                 tool_call_id=f"r{len(messages)}")])
+
+    shop = Shop()
+    h = harness(tmp_path, refund_agent(FunctionModel(again), shop))
+    tid = await h.submit("support", "Refund A1")
+    await h.run_until_idle(timeout=10)
+    info = await h.get(tid)
+    assert info.record.status is tt.Status.NEEDS_HUMAN and len(shop.refunds) == 3
+    assert "support.refund with the same arguments a 4th time" in (info.record.reason or "")
+    await h.close()

@@ -16,6 +16,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
     ("chat_contracts.py", "Reviewed 3 contracts: C-1 high, C-2 low, C-3 medium."),
     ("chat_report.py", "Margin fell from 21% to 18%"),
     ("pydantic_ai_support.py", "Order A1 arrived broken: I refunded 5 EUR."),
+    ("openai_agents_support.py", "Order A1 arrived broken: I refunded 5 EUR."),
 ])
 def test_chat_example_completes_under_the_fake_model(tmp_path: Path, script: str,
                                                      expected: str) -> None:

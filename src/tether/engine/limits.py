@@ -17,6 +17,7 @@ from tether.agent import TaskView, completion_usage
 from tether.engine.task import RunningTask, hand_to_person
 from tether.model import CallState, Snapshot
 from tether.strategies import Strategy
+from tether.tools import args_hash, what_it_does
 
 SIDE_EFFECTS_KEPT = 256
 """Distinct side-effecting calls counted per task; the oldest are forgotten beyond it, so the
@@ -51,7 +52,7 @@ def repeated_side_effect(task: RunningTask, call: CallState) -> bool:
     """Count a new side-effecting call; True, with the task handed to a person and the call
     not run, when it is one identical call too many."""
     seen = task.snap.side_effects
-    key = f"{call.tool}:{call.args_hash[:16]}"
+    key = f"{call.tool}:{args_hash(call.tool, what_it_does(call.args))[:16]}"
     count = seen.pop(key, 0) + 1  # re-inserted below: the newest calls are kept
     limit = task.settings.max_identical_side_effects
     seen[key] = min(count, limit)

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 import tether as tt
-from tether.tools import ToolContext
+from tether.tools import ToolContext, what_it_does
 
 
 @dataclass(frozen=True)
@@ -48,11 +48,6 @@ class InjectedFault(RuntimeError):
     """A failure tether.testing made up; seeing it in a reason is expected."""
 
 
-CALL_IDS = frozenset({"tool_call_id", "call_id"})
-"""Arguments a framework integration adds to name the model's call: not part of what the
-call does, so two plannings of the same call compare equal without them."""
-
-
 class Ledger:
     """Every real tool execution: (tool, idempotency key, arguments, side effect?)."""
 
@@ -63,7 +58,7 @@ class Ledger:
                          " side_effect INTEGER)")
 
     def record(self, tool: str, key: str, args: dict[str, Any], side_effect: bool) -> None:
-        what = {name: value for name, value in args.items() if name not in CALL_IDS}
+        what = what_it_does(args)
         self._db.execute("INSERT INTO runs VALUES (?, ?, ?, ?)",
                          (tool, key, orjson.dumps(what, option=orjson.OPT_SORT_KEYS).decode(),
                           int(side_effect)))
