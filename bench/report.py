@@ -326,6 +326,21 @@ def throughput_lines(found: dict[str, Any], ctx: Context) -> list[str]:
                   rows)]
 
 
+PYDANTIC_AI = Path(__file__).resolve().parents[1] / "docs" / "benchmarks-pydantic-ai.md"
+"""The tables of ``bench/pydantic_ai_durable.py --out``, a run of its own, copied in."""
+
+
+def pydantic_ai_section() -> list[str]:
+    """PydanticAI agents under tether beside PydanticAI's DBOS integration, from the file
+    ``pydantic_ai_durable.py`` wrote (its run is separate: it needs its own agents)."""
+    if not PYDANTIC_AI.exists():
+        return []
+    return ["", "## PydanticAI agents: tether beside PydanticAI's DBOS integration", "",
+            "From a separate run of `bench/pydantic_ai_durable.py --out"
+            " docs/benchmarks-pydantic-ai.md`, copied here by `compare.py`.", "",
+            PYDANTIC_AI.read_text().strip()]
+
+
 def markdown(results: dict[str, Any], ctx: Context) -> str:
     stats = step_stats(results)
     lines = [
@@ -376,6 +391,7 @@ def markdown(results: dict[str, Any], ctx: Context) -> str:
     ]
     if ctx.postgres_skipped:
         lines += [f"PostgreSQL systems were left out: {ctx.postgres_skipped}", ""]
+    lines += pydantic_ai_section()
     return "\n".join(lines)
 
 

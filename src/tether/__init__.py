@@ -49,7 +49,7 @@ from tether.model import (
 )
 from tether.protocol import InterruptionProtocol, Rule
 from tether.settings import Settings
-from tether.tools import RetryPolicy, Tool, ToolContext, ToolPolicy
+from tether.tools import RetryPolicy, Tool, ToolContext, ToolPolicy, current_call
 
 __version__ = "0.1.0"
 
@@ -104,4 +104,5 @@ __all__ = [
     "VersionNotFound",
     "Wait",
     "__version__",
+    "current_call",
 ]

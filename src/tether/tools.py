@@ -10,11 +10,13 @@ tools without side effects) says running it again with the same key is safe.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import hashlib
 import inspect
 import random
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -179,6 +181,30 @@ class ToolPolicy:
         if self.reconcile is not None:
             tool.reconcile(self.reconcile)
         return tool
+
+
+_running: contextvars.ContextVar[ToolContext | None] = contextvars.ContextVar(
+    "tether_running_call", default=None)
+
+
+def current_call() -> ToolContext:
+    """The tether call a framework's tool is running in (a PydanticAI or Agents SDK tool,
+    which gets its framework's context, not tether's): its idempotency key, task id and
+    attempt. Pass the key to the service that carries out the side effect."""
+    call = _running.get()
+    if call is None:
+        raise ConfigurationError("current_call() is only known inside a tool that tether runs")
+    return call
+
+
+@contextlib.contextmanager
+def running(ctx: ToolContext) -> Iterator[None]:
+    """Make *ctx* the :func:`current_call` while an integration runs a framework's tool."""
+    token = _running.set(ctx)
+    try:
+        yield
+    finally:
+        _running.reset(token)
 
 
 CALL_IDS = frozenset({"tool_call_id", "call_id"})

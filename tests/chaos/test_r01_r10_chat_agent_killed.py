@@ -10,7 +10,6 @@ Child usage: ``python test_r01_r10_chat_agent_killed.py DB LEDGER BASE_URL``.
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from tether.testing.fake_openai import FakeOpenAI, call, reply
 
 sys.path.insert(0, str(Path(__file__).parents[1]))  # the child runs this file as a script
 
-from killed_chat import KILLED, paid, refund_tool, run_child, wait_out_dead_lease
+from killed_chat import KilledRun, paid, refund_tool, serve
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -34,46 +33,22 @@ def build(db: str, ledger: str, base_url: str) -> tt.Harness:
     return h
 
 
-def child(db: str, ledger: str, base_url: str) -> int:
-    async def go() -> None:
-        async with build(db, ledger, base_url) as h:
-            await h.run_until_idle(timeout=30)
-
-    asyncio.run(go())
-    return 0
-
-
-def worker(tmp: Path, base_url: str, failpoints: str | None) -> int:
-    return run_child(__file__, [str(tmp / "t.db"), str(tmp / "ledger.db"), base_url],
-                     failpoints, timeout=40)
-
-
 @pytest.mark.parametrize("point", ["before_plan_recorded@1", "after_resume_point@1",
                                    "after_tool_before_commit@1"])
 def test_r10_a_worker_killed_after_the_answer_resumes_without_a_second_completion(
         tmp_path: Path, point: str) -> None:
     with FakeOpenAI([reply(tool_calls=[call("refund", {"order": "A1", "amount": 5})]),
                      reply("Refunded.")]) as fake:
-        asyncio.run(_submit(tmp_path, fake.url))
-        assert worker(tmp_path, fake.url, point) == KILLED
+        run = KilledRun(__file__, build, tmp_path, fake.url, "chat", "Refund 5 on A1", 40)
+        run.submit()
+        run.kill(point)
         assert fake.completions == 1  # the answer came, then the worker died
-        wait_out_dead_lease(tmp_path / "t.db")
-        assert worker(tmp_path, fake.url, None) == 0
+        run.finish()
         assert fake.completions == 2  # only the step after the tool: zero extra
-    info = asyncio.run(_info(tmp_path, fake.url))
+        info = run.info()
     assert info.record.status is tt.Status.COMPLETED and info.snapshot.result == "Refunded."
-    assert paid(tmp_path / "ledger.db") == 1
-
-
-async def _submit(tmp: Path, url: str) -> None:
-    async with build(str(tmp / "t.db"), str(tmp / "ledger.db"), url) as h:
-        await h.submit("chat", "Refund 5 on A1", task_id="t1")
-
-
-async def _info(tmp: Path, url: str) -> tt.TaskInfo:
-    async with build(str(tmp / "t.db"), str(tmp / "ledger.db"), url) as h:
-        return await h.get("t1")
+    assert paid(run.ledger) == 1
 
 
 if __name__ == "__main__":
-    sys.exit(child(*sys.argv[1:4]))
+    sys.exit(serve(build, sys.argv[1:4], timeout=30))

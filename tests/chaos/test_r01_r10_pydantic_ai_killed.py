@@ -16,13 +16,8 @@ Child usage: ``python test_r01_r10_pydantic_ai_killed.py DB LEDGER BASE_URL``.
 
 from __future__ import annotations
 
-import asyncio
-import os
-import signal
 import sqlite3
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +32,7 @@ from tether.testing.fake_openai import FakeOpenAI, call, reply
 
 sys.path.insert(0, str(Path(__file__).parents[1]))  # the child runs this file as a script
 
-from killed_chat import KILLED, paid, run_child, wait_out_dead_lease
+from killed_chat import KilledRun, kill_during_first_request, paid, serve
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -71,46 +66,22 @@ def build(db: str, ledger: str, base_url: str) -> tt.Harness:
     return h
 
 
-def child(db: str, ledger: str, base_url: str) -> int:
-    async def go() -> None:
-        async with build(db, ledger, base_url) as h:
-            await h.run_until_idle(timeout=60)
-
-    asyncio.run(go())
-    return 0
-
-
-def worker(tmp: Path, base_url: str, failpoints: str | None) -> int:
-    return run_child(__file__, [str(tmp / "t.db"), str(tmp / "ledger.db"), base_url],
-                     failpoints, timeout=60)
-
-
-async def _submit(tmp: Path, url: str) -> None:
-    async with build(str(tmp / "t.db"), str(tmp / "ledger.db"), url) as h:
-        await h.submit("support", "Refund 5 on A1", task_id="t1")
-
-
-async def _info(tmp: Path, url: str) -> tt.TaskInfo:
-    async with build(str(tmp / "t.db"), str(tmp / "ledger.db"), url) as h:
-        return await h.get("t1")
-
-
 @pytest.mark.parametrize("point", ["before_plan_recorded@1", "after_resume_point@1",
                                    "after_tool_before_commit@1"])
 def test_r10_killed_around_the_tool_costs_no_extra_request_and_no_second_refund(
         tmp_path: Path, point: str) -> None:
     with FakeOpenAI([reply(tool_calls=[call("refund", {"order": "A1", "amount": 5})]),
                      reply("Refunded.")]) as fake:
-        asyncio.run(_submit(tmp_path, fake.url))
-        assert worker(tmp_path, fake.url, point) == KILLED
+        run = KilledRun(__file__, build, tmp_path, fake.url, "support", "Refund 5 on A1")
+        run.submit()
+        run.kill(point)
         assert fake.completions == 1
-        wait_out_dead_lease(tmp_path / "t.db")
-        assert worker(tmp_path, fake.url, None) == 0
+        run.finish()
         assert fake.completions == 2  # only the step after the tool: zero extra
-        info = asyncio.run(_info(tmp_path, fake.url))
+        info = run.info()
     assert info.record.status is tt.Status.COMPLETED, info.record.reason
     assert info.snapshot.result == "Refunded."
-    assert paid(tmp_path / "ledger.db") == 1
+    assert paid(run.ledger) == 1
 
 
 def test_r01_killed_mid_stream_asks_again_and_pays_once(tmp_path: Path) -> None:
@@ -118,25 +89,15 @@ def test_r01_killed_mid_stream_asks_again_and_pays_once(tmp_path: Path) -> None:
                  chunk_delay=0.02)
     with FakeOpenAI([slow, reply(tool_calls=[call("refund", {"order": "A1", "amount": 5})]),
                      reply("Refunded.")]) as fake:
-        asyncio.run(_submit(tmp_path, fake.url))
-        proc = subprocess.Popen([sys.executable, __file__, str(tmp_path / "t.db"),
-                                 str(tmp_path / "ledger.db"), fake.url],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                env={k: v for k, v in os.environ.items()
-                                     if k != "TETHER_FAILPOINTS"})
-        deadline = time.monotonic() + 30
-        while fake.completions == 0:  # the stream takes 6 s: the kill lands inside it
-            assert time.monotonic() < deadline and proc.poll() is None, "no request came"
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGKILL)
-        assert proc.wait(timeout=10) == KILLED
-        wait_out_dead_lease(tmp_path / "t.db")
-        assert worker(tmp_path, fake.url, None) == 0
+        run = KilledRun(__file__, build, tmp_path, fake.url, "support", "Refund 5 on A1")
+        run.submit()
+        kill_during_first_request(run, fake)
+        run.finish()
         assert fake.completions == 3  # the cut answer once more, then the step after the tool
-        info = asyncio.run(_info(tmp_path, fake.url))
+        info = run.info()
     assert info.record.status is tt.Status.COMPLETED, info.record.reason
-    assert paid(tmp_path / "ledger.db") == 1
+    assert paid(run.ledger) == 1
 
 
 if __name__ == "__main__":
-    sys.exit(child(*sys.argv[1:4]))
+    sys.exit(serve(build, sys.argv[1:4]))

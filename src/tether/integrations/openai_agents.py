@@ -25,7 +25,6 @@ What tether does not map yet is refused at start-up (:func:`_unmapped`), not sil
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import dataclasses
 import json
 import time
@@ -38,7 +37,7 @@ from tether.agent import Agent, CutOff, TaskView
 from tether.agents.model_calls import ModelError, RequestOptions, RetryPolicy, check_finish, with_retries
 from tether.errors import ConfigurationError, NeedsPerson
 from tether.model import Action, Fail, Finish, Spawn, ToolCall, action_from_dict, action_to_dict
-from tether.tools import Tool, ToolContext, ToolPolicy
+from tether.tools import Tool, ToolContext, ToolPolicy, current_call, running
 
 try:
     import agents
@@ -61,22 +60,10 @@ AGAIN = 3
 """Model calls one plan may make when an answer only holds calls that cannot be made."""
 CUT = " [cut off: interrupted before the answer was finished]"
 NOT_MADE = "error: this call was not made (its plan was dropped)"
+__all__ = ["KEY", "OpenAIAgentsAgent", "current_call", "items_of"]
 HOSTED = (agents.FileSearchTool, agents.WebSearchTool, agents.HostedMCPTool,
           agents.CodeInterpreterTool, agents.ImageGenerationTool, agents.ToolSearchTool)
 """Tools the provider runs itself: nothing to make durable on this side."""
-
-_current: contextvars.ContextVar[ToolContext | None] = contextvars.ContextVar(
-    "tether_openai_agents_call", default=None)
-
-
-def current_call() -> ToolContext:
-    """The tether call an SDK function tool is running in: its idempotency key, task id and
-    attempt (pass the key to the service that carries out the side effect)."""
-    call = _current.get()
-    if call is None:
-        raise ConfigurationError("current_call() is only known inside a tool that tether runs")
-    return call
-
 
 @dataclasses.dataclass
 class _Turn:
@@ -302,12 +289,9 @@ class OpenAIAgentsAgent(Agent):
             self.context, tool_name=name, tool_call_id=call_id, tool_arguments=arguments,
             tool_call=call, agent=self.owners[name],
             run_config=dataclasses.replace(self.run_config, trace_metadata=metadata))
-        token = _current.set(ctx)
-        try:
+        with running(ctx):
             value = await invoke_function_tool(function_tool=tool, context=sdk_ctx,
                                                arguments=arguments)
-        finally:
-            _current.reset(token)
         return dict(ItemHelpers.tool_call_output_item(call, value,
                                                       output_json_schema=tool.output_json_schema))
 

@@ -37,7 +37,6 @@ toolsets attached to the agent (register MCP servers as tether tools with
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -48,7 +47,7 @@ from tether.agent import Agent, CutOff, TaskView
 from tether.agents.model_calls import ModelError, RetryPolicy, with_retries
 from tether.errors import ConfigurationError
 from tether.model import Action, Finish, ToolCall, Wait, action_from_dict, action_to_dict
-from tether.tools import Tool, ToolContext, ToolPolicy
+from tether.tools import Tool, ToolContext, ToolPolicy, current_call, running
 
 try:
     import pydantic_ai
@@ -77,21 +76,9 @@ KEY = "tether_idempotency_key"
 AGAIN = 3
 """Model requests one plan may make when PydanticAI itself asks again (invalid output)."""
 CUT = " [cut off: interrupted before the answer was finished]"
+__all__ = ["KEY", "PydanticAIAgent", "current_call", "messages_of"]
 PENDING = "pending"
 """A queued call's approval before the ``approval`` event came."""
-
-_current: contextvars.ContextVar[ToolContext | None] = contextvars.ContextVar(
-    "tether_pydantic_ai_call", default=None)
-
-
-def current_call() -> ToolContext:
-    """The tether call a PydanticAI tool is running in: its idempotency key, task id and
-    attempt (pass the key to the service that carries out the side effect)."""
-    call = _current.get()
-    if call is None:
-        raise ConfigurationError("current_call() is only known inside a tool that tether runs")
-    return call
-
 
 class PydanticAIAgent(Agent):
     """A ``pydantic_ai.Agent`` as a tether agent (see the module docstring)."""
@@ -237,17 +224,14 @@ class PydanticAIAgent(Agent):
         history: list[ModelMessage] = [
             ModelRequest(parts=[UserPromptPart("(a tool call run by tether)")]),
             ModelResponse(parts=[call])]
-        token = _current.set(ctx)
-        try:
-            decided = DeferredToolResults(approvals={call.tool_call_id: True}) if approved else None
+        decided = DeferredToolResults(approvals={call.tool_call_id: True}) if approved else None
+        with running(ctx):
             async with self.agent.iter(None, message_history=history, deps=self.deps,
                                        deferred_tool_results=decided,
                                        metadata={KEY: ctx.idempotency_key}) as run:
                 node = run.next_node
                 while not isinstance(node, ModelRequestNode | End):
                     node = await run.next(node)
-        finally:
-            _current.reset(token)
         if isinstance(node, End):
             raise ConfigurationError(f"PydanticAI ended the run instead of running {call.tool_name}")
         return _dump([node.request])[0]["parts"]  # type: ignore[no-any-return]

@@ -1,0 +1,560 @@
+"""One PydanticAI agent made durable two ways: by tether, and by PydanticAI's own DBOS capability.
+
+compare.py weighs tether against peers on a workload written once per system, in each one's
+own idiom. Users of PydanticAI choose among durable runners for the agent they already
+have, so here the agent is the same object type in every run, and only what makes it
+durable changes:
+
+* **plain**: ``agent.run(...)``, no durability: the baseline every overhead is taken from;
+* **tether**: the agent under :class:`tether.integrations.pydantic_ai.PydanticAIAgent`,
+  on the embedded SQLite store with default settings (``stream=False``, because the
+  model below does not stream; the tool marked ``idempotent``);
+* **dbos**: PydanticAI's ``DBOSDurability`` capability, ``agent.run`` inside a
+  ``@DBOS.workflow``, DBOS's system database on a SQLite file (DBOS's defaults). The
+  capability wraps only MCP and dynamic toolsets, never plain function tools, so the tool
+  is made a ``@DBOS.step`` here: without that a tool call would not be recorded at all,
+  and a recovered run would call every tool again.
+
+The agent: a deterministic ``FunctionModel`` that asks for the tool until it has N tool
+results, then answers ``done N``; one idempotent tool with a ~200-byte argument and a
+~500-byte result (the sizes of ``workload.py``) that does no work. Any time above the
+plain run is therefore the durable runner's own cost.
+
+Two figures, the runs in processes of their own (``--child``), as compare.py does:
+
+1. **Overhead per tool call**: the whole run (after a 2-call warm-up run in the same
+   process, so imports and first-call costs are left out), minus the plain run of the same
+   round, divided by N. Rounds are interleaved (every system once per round, the order
+   rotated), so a noisy moment hits every system alike; the median over rounds is shown.
+   The same on the CPU clock too (every thread), which other work on a shared machine
+   shakes less.
+   Per-run fixed costs (starting the task or workflow, finishing it) are in it, which is
+   why it reads higher at small N. Ratios only: the machine is shared and noisy.
+2. **Completions after a kill**: each system's child SIGKILLs itself inside the k-th tool
+   call (k = N/2; a hook in the tool fires while a marker file exists), after the call's
+   work but before its result is returned. The parent removes the marker and starts the
+   same program again to finish the run (tether's recovery, DBOS's own recovery at launch;
+   the plain run can only start over). The model function and the tool append a line to a
+   count file in the run's folder on every call, so the counts span both processes. A
+   durable runner should ask the model no more often than an uninterrupted run does; the
+   killed tool call itself may run twice (it is idempotent).
+
+    .bench-venv/bin/python bench/pydantic_ai_durable.py [--steps 10,100] [--rounds 3]
+
+prints markdown tables and exits 0 (1 if a run failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from workload import ARG, RESULT
+
+HERE = Path(__file__).resolve().parent
+SYSTEMS = ("plain", "tether", "dbos")
+LABELS = {
+    "plain": "PydanticAI, no durability",
+    "tether": "tether PydanticAIAgent, SQLite (default)",
+    "dbos": "PydanticAI DBOSDurability, DBOS SQLite",
+}
+PROMPT = "Work through the list."
+WARMUP = 2
+"""Tool calls of the warm-up run each timed child makes before the run it times."""
+WORKFLOW_ID = "pai-bench"
+LEASE = 1.0
+"""tether's lease in the kill figure only: the restarted process waits this out (the default,
+15 s, would only make the figure slow; the counts do not depend on it)."""
+MARKER = "kill-marker"
+COUNTS = "counts.txt"
+CHILD_TIMEOUT = 600.0
+
+
+# ---------------------------------------------------------------------------- the child
+
+
+@dataclasses.dataclass
+class Probe:
+    """What the model function and the tool report: calls counted in memory and, line by
+    line, in a file that outlives a SIGKILL; and the kill hook."""
+
+    folder: Path
+    """The process's folder: the kill marker, and a folder per run."""
+    armed: bool = False
+    """The kill hook fires inside tool call N/2 while the marker file exists."""
+    steps: int = WARMUP
+    models: int = 0
+    tools: int = 0
+    fd: int | None = None
+
+    def begin(self, steps: int, folder: Path) -> None:
+        """Count a run of *steps* tool calls, in *folder*'s count file."""
+        folder.mkdir(parents=True, exist_ok=True)
+        if self.fd is not None:
+            os.close(self.fd)
+        self.steps, self.models, self.tools = steps, 0, 0
+        self.fd = os.open(folder / COUNTS, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def model_called(self) -> None:
+        self.models += 1
+        if self.fd is not None:
+            os.write(self.fd, b"model\n")
+
+    def tool_called(self, n: int) -> str:
+        self.tools += 1
+        if self.fd is not None:
+            os.write(self.fd, b"tool\n")
+        if self.armed and n + 1 == kill_at(self.steps) and (self.folder / MARKER).exists():
+            os.kill(os.getpid(), signal.SIGKILL)
+        return RESULT
+
+
+def kill_at(steps: int) -> int:
+    """The 1-based tool call a run is killed in."""
+    return max(1, steps // 2)
+
+
+def build_agent(probe: Probe, system: str) -> Any:
+    """The agent every system runs; only *system* ``dbos`` adds DBOS (capability, tool step)."""
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import (
+        ModelMessage,
+        ModelResponse,
+        TextPart,
+        ToolCallPart,
+        ToolReturnPart,
+    )
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    def model_turn(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        """Ask for the next tool call until there are N tool results, then answer."""
+        probe.model_called()
+        done = sum(isinstance(part, ToolReturnPart) for m in messages for part in m.parts)
+        if done >= probe.steps:
+            return ModelResponse(parts=[TextPart(f"done {done}")])
+        return ModelResponse(parts=[ToolCallPart("work", {"payload": ARG, "n": done},
+                                                 tool_call_id=f"call_{done}")])
+
+    capabilities: list[Any] = []
+    if system == "dbos":
+        from pydantic_ai.durable_exec.dbos import DBOSDurability
+
+        capabilities.append(DBOSDurability())
+    agent: Any = Agent(FunctionModel(model_turn), name="bench", capabilities=capabilities)
+
+    async def work(payload: str, n: int) -> str:
+        """One step of the agent's work (trivial, idempotent)."""
+        return probe.tool_called(n)
+
+    if system == "dbos":
+        from dbos import DBOS
+
+        work = DBOS.step(name="work")(work)
+    agent.tool_plain(work)
+    return agent
+
+
+def no_request_limit() -> Any:
+    """PydanticAI stops a run at 50 requests by default (tether drives one request per
+    ``agent.iter`` and never meets it); N=100 needs 101."""
+    from pydantic_ai.usage import UsageLimits
+
+    return UsageLimits(request_limit=None)
+
+
+Go = Callable[[], Awaitable[str]]
+"""One run of the agent, set up and ready: awaiting it runs the agent and gives its answer."""
+Session = Callable[[int, Path], AbstractAsyncContextManager[Go]]
+"""Sets a system up for one run of N tool calls in a folder of its own (outside the clock)."""
+
+
+async def run_each(probe: Probe, sizes: Sequence[int], mode: str,
+                   session: Session) -> dict[int, dict[str, Any]]:
+    """The run of each size, timed, after a warm-up run in ``run`` mode (imports, schema
+    building and first-call costs stay out of the clock)."""
+    if mode == "run":
+        probe.begin(WARMUP, probe.folder / "warm-up")
+        async with session(WARMUP, probe.folder / "warm-up") as go:
+            await go()
+    found: dict[int, dict[str, Any]] = {}
+    for steps in sizes:
+        probe.begin(steps, probe.folder / f"n{steps}")
+        async with session(steps, probe.folder / f"n{steps}") as go:
+            started, cpu = time.perf_counter(), time.process_time()
+            output = await go()
+            seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+        found[steps] = {"seconds": seconds, "cpu_seconds": cpu, "output": output,
+                        "models": probe.models, "tools": probe.tools}
+    return found
+
+
+async def run_plain(probe: Probe, sizes: Sequence[int], mode: str) -> dict[int, dict[str, Any]]:
+    """``agent.run`` and nothing else; a killed run can only start over."""
+    agent = build_agent(probe, "plain")
+
+    async def go() -> str:
+        return str((await agent.run(PROMPT, usage_limits=no_request_limit())).output)
+
+    @asynccontextmanager
+    async def session(steps: int, folder: Path) -> AsyncIterator[Go]:
+        yield go
+
+    return await run_each(probe, sizes, mode, session)
+
+
+async def run_tether(probe: Probe, sizes: Sequence[int], mode: str
+                     ) -> dict[int, dict[str, Any]]:
+    """A harness of its own per run, default settings (a short lease where a process is
+    killed); the clock runs from submit until the task's result is read."""
+    import tether as tt
+    from tether.integrations.pydantic_ai import PydanticAIAgent
+
+    @asynccontextmanager
+    async def session(steps: int, folder: Path) -> AsyncIterator[Go]:
+        settings = tt.Settings()
+        if mode != "run":
+            settings = dataclasses.replace(settings, lease_seconds=LEASE)
+        if steps + 1 > settings.max_completions:  # only for --steps of 1000 and more
+            settings = dataclasses.replace(settings, max_completions=steps + 1)
+        harness = tt.Harness(f"sqlite:///{folder / 'tether.db'}", settings=settings)
+        harness.add_agent("bench", PydanticAIAgent(
+            build_agent(probe, "tether"), stream=False,
+            tools={"work": tt.ToolPolicy(idempotent=True)}))
+
+        async def go() -> str:
+            if mode == "resume":  # the task the killed process left
+                task = (folder / "task").read_text()
+            else:
+                task = await harness.submit("bench", PROMPT)
+                (folder / "task").write_text(task)
+            await harness.run_until_idle(concurrency=1)
+            info = await harness.get(task)
+            if info.record.status is not tt.Status.COMPLETED:
+                raise RuntimeError(f"tether task ended {info.record.status}: {info.record.reason}")
+            return str(info.snapshot.result)
+
+        async with harness:
+            yield go
+
+    return await run_each(probe, sizes, mode, session)
+
+
+async def run_dbos(probe: Probe, sizes: Sequence[int], mode: str) -> dict[int, dict[str, Any]]:
+    """One DBOS system database for the process, a workflow per run. With *mode*
+    ``resume``, DBOS's own recovery at launch re-runs the workflow the killed process left
+    pending (its recorded steps answer from the step table) and the clock waits for it."""
+    from dbos import DBOS, SetWorkflowID
+
+    DBOS(config={"name": "pai-bench", "log_level": "WARNING",
+                 "system_database_url": f"sqlite:///{probe.folder / 'dbos.sqlite'}"})
+    agent = build_agent(probe, "dbos")
+
+    @DBOS.workflow(name="pai_bench_run")
+    async def run_workflow(prompt: str) -> str:
+        return str((await agent.run(prompt, usage_limits=no_request_limit())).output)
+
+    @asynccontextmanager
+    async def session(steps: int, folder: Path) -> AsyncIterator[Go]:
+        workflow_id = f"{WORKFLOW_ID}-{folder.name}"
+
+        async def go() -> str:
+            if mode == "resume":
+                handle = await DBOS.retrieve_workflow_async(workflow_id)
+                return str(await handle.get_result(polling_interval_sec=0.01))
+            with SetWorkflowID(workflow_id):
+                return str(await run_workflow(PROMPT))
+
+        yield go
+
+    DBOS.launch()
+    try:
+        return await run_each(probe, sizes, mode, session)
+    finally:
+        DBOS.destroy()
+
+
+RUNNERS = {"plain": run_plain, "tether": run_tether, "dbos": run_dbos}
+
+
+def child(system: str, sizes: Sequence[int], folder: Path, mode: str) -> None:
+    """Run *system* at each size in turn and print one JSON line: per size, the seconds,
+    the answer and this process's counts.
+
+    *mode* ``run``: timed, after a warm-up run; ``cold``: no warm-up, the kill hook armed (it
+    fires only while the marker file exists); ``resume``: finish the run a killed ``cold``
+    process left."""
+    probe = Probe(folder, armed=mode == "cold")
+    found = asyncio.run(RUNNERS[system](probe, sizes, mode))
+    for steps, run in found.items():
+        if run["output"] != f"done {steps}":
+            sys.exit(f"{system}: the run answered {run['output']!r}, expected 'done {steps}'")
+    print(json.dumps({str(steps): run for steps, run in found.items()}))
+
+
+# ---------------------------------------------------------------------------- the parent
+
+
+class RunFailed(Exception):
+    """A child did not finish as it should; the table says why instead of a number."""
+
+
+def spawn(system: str, sizes: Sequence[int], folder: Path, mode: str
+          ) -> subprocess.CompletedProcess[str]:
+    """Run one child: *system* at each of *sizes* in turn, in *folder*."""
+    return subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", system,
+                           ",".join(map(str, sizes)), str(folder), "--mode", mode],
+                          cwd=HERE, capture_output=True, text=True, timeout=CHILD_TIMEOUT,
+                          check=False)
+
+
+def result_of(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise RunFailed(f"exit {done.returncode}: {' | '.join(tail)[-400:]}")
+    found: dict[str, Any] = json.loads(lines[-1])
+    return found
+
+
+def counts(folder: Path) -> dict[str, int]:
+    """Model requests and tool calls in a run's count file, over every process it had."""
+    lines = (folder / COUNTS).read_text().split()
+    return {"models": lines.count("model"), "tools": lines.count("tool")}
+
+
+Timed = dict[str, dict[int, list[dict[str, Any]] | RunFailed]]
+"""Per system and N, each round's run (seconds, answer, counts), or why there is none."""
+
+
+def timed(sizes: Sequence[int], rounds: int, work: Path, say: Callable[[str], None]) -> Timed:
+    """Every system at every N, *rounds* interleaved rounds (the order of the systems rotated
+    each round). One process per system and round runs each N in turn, each in a fresh store
+    or workflow: on a loaded machine the imports alone take seconds, so a process per run
+    would make this take many minutes for no better figure."""
+    found: Timed = {s: {n: [] for n in sizes} for s in SYSTEMS}
+    for round_ in range(rounds):
+        order = SYSTEMS[round_ % len(SYSTEMS):] + SYSTEMS[:round_ % len(SYSTEMS)]
+        for system in order:
+            say(f"round {round_ + 1}/{rounds}: {system}, N={','.join(map(str, sizes))}")
+            folder = Path(tempfile.mkdtemp(prefix=f"{system}-", dir=work))
+            try:
+                runs = result_of(spawn(system, sizes, folder, "run"))
+                for steps in sizes:
+                    slot = found[system][steps]
+                    if isinstance(slot, list):
+                        slot.append(runs[str(steps)] | {"counted": counts(folder / f"n{steps}")})
+            except (RunFailed, subprocess.TimeoutExpired) as failure:
+                for steps in sizes:
+                    found[system][steps] = RunFailed(str(failure))
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+    return found
+
+
+def killed(system: str, steps: int, work: Path) -> dict[str, int]:
+    """One run SIGKILLed inside its k-th tool call, then the same program started again to
+    finish it; the model requests and tool calls of both processes together."""
+    folder = Path(tempfile.mkdtemp(prefix=f"kill-{system}-", dir=work))
+    try:
+        (folder / MARKER).touch()
+        first = spawn(system, [steps], folder, "cold")
+        if first.returncode != -signal.SIGKILL:
+            raise RunFailed(f"the run was not killed (exit {first.returncode}):"
+                            f" {(first.stderr or first.stdout)[-300:]}")
+        (folder / MARKER).unlink()
+        if system == "tether":
+            time.sleep(LEASE + 0.2)  # the dead worker's lease runs out
+        result_of(spawn(system, [steps], folder, "resume" if system != "plain" else "cold"))
+        return counts(folder / f"n{steps}")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+Killed = dict[str, dict[int, dict[str, int] | RunFailed]]
+"""Per system and N, the counts of a killed and restarted run, or why there are none."""
+
+
+def kills(sizes: Sequence[int], work: Path, say: Callable[[str], None]) -> Killed:
+    found: Killed = {s: {} for s in SYSTEMS}
+    for steps in sizes:
+        for system in SYSTEMS:
+            say(f"killed in call {kill_at(steps)}: {system}, N={steps}")
+            try:
+                found[system][steps] = killed(system, steps, work)
+            except (RunFailed, subprocess.TimeoutExpired) as failure:
+                found[system][steps] = RunFailed(str(failure))
+    return found
+
+
+# ---------------------------------------------------------------------------- the report
+
+
+def table(head: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def spread(values: list[float], digits: int = 2) -> str:
+    """The median, and with more than one value their range in brackets."""
+    middle = f"{statistics.median(values):,.{digits}f}"
+    if len(values) < 2:
+        return middle
+    return f"{middle} ({min(values):,.{digits}f} to {max(values):,.{digits}f})"
+
+
+def overheads(runs: Timed, system: str, steps: int, clock: str) -> list[float] | None:
+    """ms per tool call above the plain run of the same round, one value per round; *clock*
+    is ``seconds`` (wall) or ``cpu_seconds`` (every thread of the process)."""
+    mine, base = runs[system].get(steps), runs["plain"].get(steps)
+    if not isinstance(mine, list) or not isinstance(base, list) or not mine:
+        return None
+    return [(m[clock] - b[clock]) * 1000 / steps for m, b in zip(mine, base, strict=True)]
+
+
+def overhead_ratio(runs: Timed, steps: int, clock: str) -> str:
+    """DBOS's median overhead over tether's, as compare.py shows a ratio."""
+    ours, theirs = overheads(runs, "tether", steps, clock), overheads(runs, "dbos", steps, clock)
+    if not ours or not theirs or statistics.median(ours) <= 0:
+        return "n/a"
+    return f"**{statistics.median(theirs) / statistics.median(ours):.2f}x**"
+
+
+def overhead_table(runs: Timed, sizes: Sequence[int], clock: str) -> str:
+    """Per system: ms per tool call, and above the plain run, on *clock*; then the ratio."""
+    what = "ms" if clock == "seconds" else "CPU ms"
+    head = ["system", *(f"N={n}: {what} per tool call" for n in sizes),
+            *(f"N={n}: overhead over plain, {what} per tool call" for n in sizes)]
+    rows = []
+    for system in SYSTEMS:
+        cells = [LABELS[system]]
+        for steps in sizes:
+            found = runs[system].get(steps)
+            cells.append(f"did not run: {found}" if isinstance(found, RunFailed) else
+                         spread([r[clock] * 1000 / steps for r in found or []], 3))
+        for steps in sizes:
+            over = overheads(runs, system, steps, clock)
+            cells.append("" if system == "plain" or over is None else spread(over, 3))
+        rows.append(cells)
+    rows.append(["**DBOS overhead / tether overhead**", *([""] * len(sizes)),
+                 *(overhead_ratio(runs, n, clock) for n in sizes)])
+    return table(head, rows)
+
+
+def kill_table(runs: Timed, found: Killed, sizes: Sequence[int]) -> str:
+    """Model requests and tool calls of a killed and restarted run beside an uninterrupted
+    one (the first timed round's, counted the same way)."""
+    head = ["system", "N", "killed in tool call", "model requests: uninterrupted",
+            "model requests: killed + restarted", "extra model requests",
+            "tool calls: uninterrupted", "tool calls: killed + restarted"]
+    rows = []
+    for steps in sizes:
+        for system in SYSTEMS:
+            cells = [LABELS[system], str(steps), str(kill_at(steps))]
+            whole, cut = runs[system].get(steps), found[system].get(steps)
+            if not isinstance(whole, list) or not whole:
+                rows.append([*cells, f"did not run: {whole}", "", "", "", ""])
+            elif not isinstance(cut, dict):
+                rows.append([*cells, f"did not run: {cut}", "", "", "", ""])
+            else:
+                once = whole[0]["counted"]
+                rows.append([*cells, str(once["models"]), str(cut["models"]),
+                             f"{cut['models'] - once['models']:+d}", str(once["tools"]),
+                             str(cut["tools"])])
+    return table(head, rows)
+
+
+def versions() -> str:
+    names = ("pydantic-ai-slim", "dbos", "tether")
+    found = []
+    for name in names:
+        try:
+            found.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            found.append(f"{name} not installed")
+    return f"Python {sys.version.split()[0]}, " + ", ".join(found)
+
+
+def markdown(runs: Timed, found: Killed, sizes: Sequence[int], rounds: int, seconds: float) -> str:
+    return "\n".join([
+        "### PydanticAI agents: tether against PydanticAI's DBOS integration", "",
+        "One PydanticAI agent (a deterministic `FunctionModel` asking for one idempotent, trivial"
+        " tool N times, then answering), run plain, under tether's `PydanticAIAgent` (SQLite"
+        " store, default settings) and with PydanticAI's `DBOSDurability` inside a DBOS workflow"
+        " (DBOS SQLite; the tool a `@DBOS.step`). Whole run after a warm-up run, divided by N;"
+        " overhead is that minus the plain run of the same round. Median of"
+        f" {rounds} interleaved round{'s' if rounds != 1 else ''} (with more than one, their"
+        " range in brackets); each system's round its own process, running each N in turn in a"
+        " fresh store or workflow (`bench/pydantic_ai_durable.py`).", "",
+        overhead_table(runs, sizes, "seconds"), "",
+        "The same runs on the CPU clock (every thread of the process): less shaken by other"
+        " work on a shared machine, blind to waiting on the disk.", "",
+        overhead_table(runs, sizes, "cpu_seconds"), "",
+        "Each system's process SIGKILLed inside tool call k = N/2 (after the call's work, before"
+        " its result is returned), then the same program started again to finish the run; model"
+        " requests and tool calls counted across both processes. The plain run can only start"
+        " over.", "",
+        kill_table(runs, found, sizes), "",
+        f"{versions()}. Ran in {seconds:,.0f} s.",
+    ])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", default="10,100", help="tool calls per run, comma-separated")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="also write the tables there (docs/benchmarks-pydantic-ai.md, which"
+                             " compare.py copies into docs/benchmarks.md)")
+    parser.add_argument("--work", type=Path, default=None, help="folder for the runs' stores")
+    parser.add_argument("--child", nargs=3, metavar=("SYSTEM", "STEPS", "FOLDER"),
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=("run", "cold", "resume"), default="run",
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        system, sizes, folder = args.child
+        if system not in SYSTEMS:
+            parser.error(f"no system {system}")
+        child(system, [int(n) for n in sizes.split(",")], Path(folder), args.mode)
+        return
+    sizes = [int(n) for n in args.steps.split(",")]
+    if min(sizes) < 2 or args.rounds < 1:
+        parser.error("--steps must be at least 2 and --rounds at least 1")
+    started = time.perf_counter()
+    work = Path(tempfile.mkdtemp(prefix="pai-bench-", dir=args.work))
+
+    def say(line: str) -> None:
+        print(f"[{time.perf_counter() - started:6.1f}s] {line}", file=sys.stderr, flush=True)
+
+    try:
+        runs = timed(sizes, args.rounds, work, say)
+        found = kills(sizes, work, say)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    tables = markdown(runs, found, sizes, args.rounds, time.perf_counter() - started)
+    print(tables)
+    if args.out is not None:
+        args.out.write_text(tables + "\n")
+    cells = [*(c for by_size in runs.values() for c in by_size.values()),
+             *(c for by_size in found.values() for c in by_size.values())]
+    sys.exit(1 if any(isinstance(cell, RunFailed) for cell in cells) else 0)
+
+
+if __name__ == "__main__":
+    main()
