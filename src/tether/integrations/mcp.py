@@ -46,7 +46,15 @@ from typing import Any, TextIO, TypedDict, TypeVar, Unpack, cast
 
 from tether.errors import ConfigurationError, NotRetryable, OutcomeUnknown, TetherError
 from tether.harness import Harness
-from tether.tools import ReconcileFn, RetryPolicy, Tool, ToolContext, ToolPolicy, describe_error
+from tether.tools import (
+    KEY_IN_META,
+    ReconcileFn,
+    RetryPolicy,
+    Tool,
+    ToolContext,
+    ToolPolicy,
+    describe_error,
+)
 
 try:
     import httpx2
@@ -57,7 +65,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ConfigurationError("MCP tools need the MCP SDK: pip install 'tether[mcp]'") from exc
 
-META_KEY = "tether.dev/idempotency-key"
+META_KEY = KEY_IN_META
 """The ``_meta`` entry of a ``tools/call`` request that holds tether's idempotency key."""
 FENCE_KEY = "tether.dev/fence"
 """The ``_meta`` entry holding the lease's fencing token (see ``ToolContext.fence``)."""

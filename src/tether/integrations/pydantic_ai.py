@@ -29,9 +29,12 @@ does for its own agents:
   ``approval`` event, sent from the console, the CLI or a webhook); approved, it runs
   through PydanticAI as approved; denied or timed out, the model is told it was denied.
 
-Not yet covered: tools PydanticAI defers to run elsewhere (``CallDeferred``), and MCP
-toolsets attached to the agent (register MCP servers as tether tools with
-:mod:`tether.integrations.mcp` instead).
+- **Other toolsets** (an ``MCPToolset`` attached to the agent): their tools are only known
+  once the server is asked, so one tether tool, ``<agent>.toolsets``, carries all their
+  calls, each under its own key, with one policy (``other_tools=``; by default a side
+  effect, so a call cut by a crash is never repeated blindly).
+
+Not yet covered: tools PydanticAI defers to run elsewhere (``CallDeferred``).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from tether.agent import Agent, CutOff, TaskView
 from tether.agents.model_calls import ModelError, RetryPolicy, with_retries
 from tether.errors import ConfigurationError
 from tether.model import Action, Finish, ToolCall, Wait, action_from_dict, action_to_dict
-from tether.tools import Tool, ToolContext, ToolPolicy, current_call, running
+from tether.tools import KEY_IN_META, Tool, ToolContext, ToolPolicy, current_call, running
 
 try:
     import pydantic_ai
@@ -76,6 +79,8 @@ KEY = "tether_idempotency_key"
 AGAIN = 3
 """Model requests one plan may make when PydanticAI itself asks again (invalid output)."""
 CUT = " [cut off: interrupted before the answer was finished]"
+OTHER = "toolsets"
+"""The tether tool (``<agent>.toolsets``) that runs the tools of the agent's other toolsets."""
 __all__ = ["KEY", "PydanticAIAgent", "current_call", "messages_of"]
 PENDING = "pending"
 """A queued call's approval before the ``approval`` event came."""
@@ -86,7 +91,8 @@ class PydanticAIAgent(Agent):
     commit_plans = True
 
     def __init__(self, agent: pydantic_ai.Agent[Any, Any], *,
-                 tools: Mapping[str, ToolPolicy] | None = None, deps: Any = None,
+                 tools: Mapping[str, ToolPolicy] | None = None,
+                 other_tools: ToolPolicy | None = None, deps: Any = None,
                  stream: bool = True, retry: RetryPolicy | None = None,
                  approval_timeout: float | None = None, version: str = "1") -> None:
         self.agent = agent
@@ -98,6 +104,12 @@ class PydanticAIAgent(Agent):
         answer in time is a denial."""
         self.version = version
         self.policies = dict(tools or {})
+        self.other_tools = other_tools or ToolPolicy()
+        """How the tools of the agent's other toolsets (MCP servers, say) are treated: one
+        tether tool, ``<agent>.toolsets``, carries them all."""
+        for toolset in self._other_toolsets():
+            if hasattr(toolset, "process_tool_call"):  # an MCPToolset
+                _send_key(toolset)
         names = set(self._function_tools())
         unknown = sorted(set(self.policies) - names)
         if unknown:
@@ -107,10 +119,25 @@ class PydanticAIAgent(Agent):
     # ------------------------------------------------------------------ registration
 
     def own_tools(self) -> Sequence[Tool]:
-        """One tether tool per PydanticAI function tool, named ``<agent>.<tool>``."""
-        return [self.policies.get(name, ToolPolicy()).tool(self._tool_fn(name),
-                                                           f"{self.name}.{name}")
-                for name in self._function_tools()]
+        """One tether tool per PydanticAI function tool, named ``<agent>.<tool>``, and one,
+        ``<agent>.toolsets``, for the tools of its other toolsets (an MCP server's: they are
+        only known once the server is asked, while the run goes on)."""
+        tools = [self.policies.get(name, ToolPolicy()).tool(self._tool_fn(name),
+                                                            f"{self.name}.{name}")
+                 for name in self._function_tools()]
+        if self._other_toolsets():
+            tools.append(self.other_tools.tool(self._toolsets_fn(), f"{self.name}.{OTHER}"))
+        return tools
+
+    def _other_toolsets(self) -> list[Any]:
+        return [t for t in self.agent.toolsets if not isinstance(t, FunctionToolset)]
+
+    def _toolsets_fn(self) -> Any:
+        async def run(ctx: ToolContext, tool: str, tool_call_id: str, args: dict[str, Any]) -> Any:
+            return await self._run_tool(ctx, ToolCallPart(tool, args, tool_call_id=tool_call_id))
+
+        run.__doc__ = "A tool of the PydanticAI agent's other toolsets, run through tether."
+        return run
 
     def _function_tools(self) -> dict[str, Any]:
         tools: dict[str, Any] = {}
@@ -142,9 +169,9 @@ class PydanticAIAgent(Agent):
         history = messages_of(task.history, task.input, f"{self.name}.")
         prompt = None if history else _text(task.input)
         for _ in range(AGAIN):
-            response, new = await self._request(task, history, prompt)
+            response, new, runnable = await self._request(task, history, prompt)
             calls = [part for part in response.parts if isinstance(part, ToolCallPart)
-                     and part.tool_name in self._function_tools()]
+                     and part.tool_name in runnable]
             if calls:
                 return self._calls(task, calls)
             history, prompt = [*history, *new], None
@@ -163,6 +190,9 @@ class PydanticAIAgent(Agent):
         actions: list[Action] = []
         for call in calls:
             args: dict[str, Any] = {"tool_call_id": call.tool_call_id, "args": call.args_as_dict()}
+            if call.tool_name not in tools:  # another toolset's (an MCP server's)
+                actions.append(ToolCall(f"{self.name}.{OTHER}", {**args, "tool": call.tool_name}))
+                continue
             if tools[call.tool_name].requires_approval:
                 actions.append(Wait("approval", timeout=self.approval_timeout))
                 args["approval"] = PENDING
@@ -170,12 +200,13 @@ class PydanticAIAgent(Agent):
         task.scratch["queued"] = [action_to_dict(a) for a in actions[1:]]
         return actions[0]
 
-    async def _request(self, task: TaskView, history: list[ModelMessage],
-                       prompt: str | None) -> tuple[ModelResponse, list[ModelMessage]]:
-        """One model request from *history*; it and the messages it added are recorded."""
+    async def _request(self, task: TaskView, history: list[ModelMessage], prompt: str | None
+                       ) -> tuple[ModelResponse, list[ModelMessage], set[str]]:
+        """One model request from *history*; it and the messages it added are recorded.
+        Also returns the names of the tools tether runs (not output tools)."""
         started = time.monotonic()
-        response, new = await with_retries(lambda: self._one_request(history, prompt),
-                                           self.retry, f"agent {self.name}")
+        response, new, runnable = await with_retries(lambda: self._one_request(history, prompt),
+                                                     self.retry, f"agent {self.name}")
         carried = task.scratch.pop("carried", None) or []
         usage = response.usage
         task.record_completion(response.model_name or "unknown", finish_reason=response.finish_reason,
@@ -183,10 +214,10 @@ class PydanticAIAgent(Agent):
                                       "completion_tokens": usage.output_tokens},
                                seconds=time.monotonic() - started,
                                messages=[*carried, *_dump(new)])
-        return response, new
+        return response, new, runnable
 
     async def _one_request(self, history: list[ModelMessage], prompt: str | None
-                           ) -> tuple[ModelResponse, list[ModelMessage]]:
+                           ) -> tuple[ModelResponse, list[ModelMessage], set[str]]:
         streams: list[Any] = []
         try:
             async with self.agent.iter(prompt, message_history=history, deps=self.deps) as run:
@@ -200,7 +231,9 @@ class PydanticAIAgent(Agent):
                             async for _ in streamed:
                                 pass
                     node = await run.next(node)
-                return node.model_response, run.all_messages()[len(history):]
+                tools = run.ctx.deps.tool_manager
+                runnable = {d.name for d in tools.tool_defs if d.kind in ("function", "unapproved")}
+                return node.model_response, run.all_messages()[len(history):], runnable
         except asyncio.CancelledError:  # a P0 (or a stop), once PydanticAI has unwound
             raise CutOff(_text_of(streams[-1].response) if streams else "") from None
 
@@ -235,6 +268,25 @@ class PydanticAIAgent(Agent):
         if isinstance(node, End):
             raise ConfigurationError(f"PydanticAI ended the run instead of running {call.tool_name}")
         return _dump([node.request])[0]["parts"]  # type: ignore[no-any-return]
+
+
+def _send_key(toolset: Any) -> None:
+    """Every call an MCP toolset makes carries tether's idempotency key in the request's
+    ``_meta`` (:data:`tether.tools.KEY_IN_META`), so a server that deduplicates by it does;
+    a ``process_tool_call`` hook the user set still runs, around it."""
+    theirs = toolset.process_tool_call
+
+    async def with_key(ctx: Any, call_tool: Any, name: str, args: dict[str, Any]) -> Any:
+        key = (ctx.metadata or {}).get(KEY)
+
+        async def call(name: str, args: dict[str, Any], *,
+                       metadata: dict[str, Any] | None = None) -> Any:
+            sent = {**(metadata or {}), KEY_IN_META: key} if key else metadata
+            return await call_tool(name, args, metadata=sent)
+
+        return await (theirs(ctx, call, name, args) if theirs else call(name, args))
+
+    toolset.process_tool_call = with_key
 
 
 def _with_decision(action: Action, task: TaskView) -> Action:
