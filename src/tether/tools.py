@@ -16,6 +16,7 @@ import hashlib
 import inspect
 import random
 import re
+import traceback
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,7 +110,7 @@ class Tool:
             )
         if side_effect and interruptible:
             raise ConfigurationError(
-                f"tool {name!r}: a side-effecting tool cannot be interruptible (E1): a P0 event"
+                f"tool {name!r}: a side-effecting tool cannot be interruptible: a P0 event"
                 " waits for it to return so its outcome is recorded"
             )
         if timeout is not None and timeout <= 0:
@@ -249,6 +250,19 @@ def failure_fingerprint(tool: str, error: BaseException | str) -> str:
     normalised = _VOLATILE.sub("#", text)[:500]
     digest = hashlib.sha256(f"{tool}|{normalised}".encode()).hexdigest()[:12]
     return f"{tool}:{digest}"
+
+
+TRACEBACK_CHARS = 4000
+"""The most of a traceback kept with a failure: its end, where the error was raised."""
+
+
+def traceback_text(error: BaseException) -> str:
+    """*error* with its traceback, as a person debugging it reads it (files, lines, the
+    code), cut to its last :data:`TRACEBACK_CHARS` characters."""
+    text = "".join(traceback.format_exception(error)).rstrip()
+    if len(text) <= TRACEBACK_CHARS:
+        return text
+    return "... (earlier frames left out)\n" + text[-TRACEBACK_CHARS:]
 
 
 def describe_error(error: BaseException) -> str:

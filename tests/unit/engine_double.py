@@ -121,6 +121,7 @@ class FakeTask:
         # What the helpers asked for:
         self.rows: list[dict[str, Any]] = []
         self.recovery_log: list[tuple[Strategy, int | None, str]] = []
+        self.tracebacks: list[str] = []
         self.idempotency: list[IdempotencyRecord] = []
         self.finished: list[tuple[str, Any, bool, bool]] = []
         self.replaced: list[tuple[Snapshot, list[dict[str, Any]]]] = []
@@ -161,8 +162,10 @@ class FakeTask:
         self.rows.append(entry)
 
     def log_recovery(self, strategy: Strategy, event_id: int | None = None,
-                     detail: str = "") -> None:
+                     detail: str = "", traceback: str | None = None) -> None:
         self.recovery_log.append((strategy, event_id, detail))
+        if traceback:
+            self.tracebacks.append(traceback)
 
     def record_idempotency(self, call: CallState, status: OutcomeStatus, result: Any = None,
                            error: str | None = None) -> None:

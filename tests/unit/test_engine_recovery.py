@@ -291,7 +291,7 @@ async def test_r15_giving_up_offers_a_tool_error_event_to_the_agent() -> None:
     assert call.retry_at is not None and before + 4 <= call.retry_at <= after + 4
     assert task.snap.recovery.attempts == 1 and task.commit_requested
     assert task.rows == [{"role": "tool", "name": "pay", "key": key,
-                          "error": "RuntimeError: boom"}]
+                          "error": "RuntimeError: boom", "traceback": "RuntimeError: boom"}]
 
 
 async def test_r15_a_not_retryable_error_gives_up_at_the_first_attempt() -> None:
@@ -357,7 +357,7 @@ async def test_r22_the_same_call_failing_the_same_way_twice_goes_to_a_person() -
     await recovery.tool_failed(task, tool, second, TimeoutError("timeout after 31.9s"))
 
     assert task.snap.status is Status.NEEDS_HUMAN
-    assert task.snap.error is not None and "(R22)" in task.snap.error
+    assert task.snap.error is not None and "fingerprint" in task.snap.error
     assert len(agent.events) == 1
 
 
@@ -421,7 +421,7 @@ async def test_r22_a_plan_failing_the_same_way_twice_goes_to_a_person() -> None:
 
     assert task.snap.status is Status.NEEDS_HUMAN
     assert task.strategies == [Strategy.RETRY_PLAN, Strategy.NEEDS_HUMAN]
-    assert task.snap.error is not None and "(R22)" in task.snap.error
+    assert task.snap.error is not None and "fingerprint" in task.snap.error
 
 
 async def test_r12_plan_failures_beyond_the_budget_go_to_a_person() -> None:

@@ -81,7 +81,7 @@ async def human_resume(task: RunningTask, event: Event) -> None:
                                 " and patch were applied without a recovery")
         else:
             task.log_recovery(Strategy.RESUME_IGNORED, event.id,
-                                f"task already {snap.status.value}; duplicate resume signal (R21)")
+                                f"task already {snap.status.value}; duplicate resume signal")
         return
     _amend(task, payload)
     if snap.status is Status.FAILED:  # a deadline may have used up its waits' timers

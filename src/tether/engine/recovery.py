@@ -40,15 +40,19 @@ from tether.tools import (
     describe_error,
     failure_fingerprint,
     idempotency_key,
+    traceback_text,
 )
 
 log = logging.getLogger("tether.recovery")
 
 
 
-def log_record(task: RunningTask, strategy: Strategy, event_id: int | None, detail: str) -> dict[str, Any]:
-    """The structured record of one recovery action, with the fields R23 names."""
-    return {
+def log_record(task: RunningTask, strategy: Strategy, event_id: int | None, detail: str,
+               traceback: str | None = None) -> dict[str, Any]:
+    """The structured record of one recovery action, with the fields R23 names (and the
+    failure's traceback, when there was one)."""
+    extra = {"traceback": traceback} if traceback else {}
+    return {**extra,
         "task_id": task.snap.task_id,
         "checkpoint_version": task.version,
         "event_id": event_id,
@@ -128,7 +132,7 @@ async def open_call(task: RunningTask, action: ToolCall) -> CallState | None:
     if record and (record.tool, record.args_hash) != (action.name, digest):
         task.log_recovery(Strategy.IDEMPOTENCY_MISMATCH, detail=(
             f"key {key} was used by {record.tool} with other arguments; this is a different"
-            " call, so it gets its own key and is not answered from the record (E3)"))
+            " call, so it gets its own key and is not answered from the record"))
         key = f"{key}:{digest[:12]}"
         record = await task.reads.get_idempotency(key)
     call = CallState(key=key, tool=action.name, args=args, args_hash=digest)
@@ -163,7 +167,7 @@ async def resolve_in_doubt(task: RunningTask) -> None:
     tool = task.tools.get(call.tool)
     if tool is None:
         hand_to_person(task, f"tool {call.tool!r} (call {call.key}) is no longer"
-                             " registered, so its in-flight outcome cannot be checked (E8)")
+                             " registered, so its in-flight outcome cannot be checked")
         return
     if tool.idempotent:
         call.status = CallStatus.PLANNED
@@ -259,7 +263,7 @@ async def tool_failed(task: RunningTask, tool: Tool, call: CallState, error: Exc
         call.retry_at = time.time() + tool.retry.delay(call.attempt)
         task.request_commit()
         return
-    await _give_up(task, call, fingerprint)
+    await _give_up(task, call, fingerprint, traceback_text(error))
 
 
 async def outcome_unknown(task: RunningTask, tool: Tool, call: CallState, error: Exception) -> None:
@@ -303,18 +307,18 @@ def over_step_limit(task: RunningTask) -> bool:
     return True
 
 
-async def _give_up(task: RunningTask, call: CallState, fingerprint: str) -> None:
+async def _give_up(task: RunningTask, call: CallState, fingerprint: str, trace: str) -> None:
     snap = task.snap
     frame = snap.frame
     failure = {"tool": call.tool, "key": call.key, "error": call.error,
                "fingerprint": fingerprint, "attempts": call.attempt}
     task.append_history({"role": "tool", "name": call.tool, "key": call.key,
-                           "error": call.error})
+                           "error": call.error, "traceback": trace})
     repeat = f"{fingerprint}:{call.args_hash}"
     snap.recovery.given_up[repeat] = snap.recovery.given_up.get(repeat, 0) + 1
     if snap.recovery.given_up[repeat] > 1:
         hand_to_person(task, f"{call.tool} with the same arguments failed the same way"
-                             f" again ({call.error}); fingerprint {fingerprint} (R22)")
+                             f" again ({call.error}); fingerprint {fingerprint}", traceback=trace)
         return
     event = Event("tool_error", snap.task_id, failure, priority=2)
     scratch = dict(frame.scratch)
@@ -328,20 +332,21 @@ async def _give_up(task: RunningTask, call: CallState, fingerprint: str) -> None
         else:
             task.put_first(action, agent=agent)
         task.log_recovery(Strategy.SKIP, detail=f"{call.tool} failed for good ({call.error}); the"
-                            f" agent chose {type(action).__name__}")
+                            f" agent chose {type(action).__name__}", traceback=trace)
         task.request_commit()
         return
-    _recover_call(task, call, fingerprint)
+    _recover_call(task, call, fingerprint, trace)
 
 
-def _recover_call(task: RunningTask, call: CallState, fingerprint: str) -> None:
-    delay = _next_recovery(task, fingerprint, f"{call.tool}: {call.error}")
+def _recover_call(task: RunningTask, call: CallState, fingerprint: str, trace: str) -> None:
+    delay = _next_recovery(task, fingerprint, f"{call.tool}: {call.error}", trace)
     if delay is None:
         return
     call.status = CallStatus.FAILED
     call.attempt = 0
     call.retry_at = time.time() + delay
-    task.log_recovery(Strategy.RETRY_BACKOFF, detail=f"{call.tool} gave up ({call.error}); retrying"
+    task.log_recovery(Strategy.RETRY_BACKOFF, traceback=trace,
+                      detail=f"{call.tool} gave up ({call.error}); retrying"
                         f" in {delay:.2f}s, recovery {task.snap.recovery.attempts} of"
                         f" {task.settings.max_recovery_attempts}")
     task.request_commit()
@@ -355,21 +360,23 @@ def plan_failed(task: RunningTask, error: Exception) -> None:
         hand_to_person(task, f"agent {agent!r}: {error}")
         return
     fingerprint = failure_fingerprint(f"plan:{agent}", error)
-    delay = _next_recovery(task, fingerprint, f"planning by agent {agent!r}: {text}")
+    trace = traceback_text(error)
+    delay = _next_recovery(task, fingerprint, f"planning by agent {agent!r}: {text}", trace)
     if delay is None:
         return
     task.snap.recovery.retry_at = time.time() + delay
-    task.log_recovery(Strategy.RETRY_PLAN, detail=f"agent {agent} failed to plan ({text});"
-                        f" retrying in {delay:.2f}s")
+    task.log_recovery(Strategy.RETRY_PLAN, traceback=trace,
+                      detail=f"agent {agent} failed to plan ({text}); retrying in {delay:.2f}s")
     task.request_commit()
 
 
-def _next_recovery(task: RunningTask, fingerprint: str, failure: str) -> float | None:
+def _next_recovery(task: RunningTask, fingerprint: str, failure: str,
+                   trace: str | None = None) -> float | None:
     """The backoff before the next recovery, or None once the task was handed over (R12, R22)."""
     rec = task.snap.recovery
     if fingerprint in rec.fingerprints:
         hand_to_person(task, f"{failure} failed again the same way; fingerprint"
-                             f" {fingerprint} seen before, so it is not retried (R22)")
+                             f" {fingerprint} seen before, so it is not retried", traceback=trace)
         return None
     if not _count_attempt(task, failure):
         task.request_commit()

@@ -169,9 +169,9 @@ class Runner:
         await self.flush()
         return self.snap.status
 
-    async def hand_over(self, reason: str) -> None:
+    async def hand_over(self, reason: str, traceback: str | None = None) -> None:
         """Park the task for a person right away (it failed in a way no recovery covers)."""
-        hand_to_person(self, reason)
+        hand_to_person(self, reason, traceback=traceback)
         await self._commit_if_asked()
 
     async def park(self, due: float) -> Status:
@@ -383,7 +383,7 @@ class Runner:
         tool = self.tools.get(action.name)
         if tool is None:
             hand_to_person(self, f"tool {action.name!r} is no longer registered (code changed"
-                           " since the step was planned, E8)")
+                           " since the step was planned)")
             return
         call = self.snap.call
         if call is None and not degrade.allows(self, action.name):
@@ -501,8 +501,8 @@ class Runner:
         self.history.append(entry)
 
     def log_recovery(self, strategy: Strategy, event_id: int | None = None,
-                     detail: str = "") -> None:
-        record = recovery.log_record(self, strategy, event_id, detail)
+                     detail: str = "", traceback: str | None = None) -> None:
+        record = recovery.log_record(self, strategy, event_id, detail, traceback)
         self._log.append(record)
         self.counters[f"recovery:{strategy}"] += 1
         self.host.telemetry.recovery(record)

@@ -104,8 +104,9 @@ class RunningTask(Protocol):
         """Add one dialog row (written with the next commit)."""
 
     def log_recovery(self, strategy: Strategy, event_id: int | None = None,
-                     detail: str = "") -> None:
-        """Record one recovery action (R23), written with the next commit."""
+                     detail: str = "", traceback: str | None = None) -> None:
+        """Record one recovery action (R23), written with the next commit; *traceback* is
+        the failure's, when there was one."""
 
     def record_idempotency(self, call: CallState, status: OutcomeStatus, result: Any = None,
                            error: str | None = None) -> None:
@@ -148,12 +149,15 @@ def end_wait(task: RunningTask, outcome: dict[str, Any], frame: Frame | None = N
 
 
 def hand_to_person(task: RunningTask, reason: str,
-                   strategy: Strategy = Strategy.NEEDS_HUMAN) -> None:
-    """Park the task for a person (R26); the worker exports the bundle and notifies."""
+                   strategy: Strategy = Strategy.NEEDS_HUMAN,
+                   traceback: str | None = None) -> None:
+    """Park the task for a person (R26); the worker exports the bundle and notifies. The
+    failure's *traceback* goes into the recovery log, where show, the console and the
+    bundle find it."""
     task.snap.error = reason
     task.snap.recovery.reasons.append(reason)
     task.set_status(Status.NEEDS_HUMAN)
-    task.log_recovery(strategy, detail=reason)
+    task.log_recovery(strategy, detail=reason, traceback=traceback)
     task.request_commit()
 
 

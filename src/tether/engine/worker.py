@@ -47,6 +47,7 @@ from tether.errors import (
 from tether.model import Status
 from tether.store import Claim
 from tether.store.retry import Outage
+from tether.tools import traceback_text
 
 QUICK_LOOK = 0.01
 """Seconds between looks for events other processes stored, while a worker runs tasks: a
@@ -463,7 +464,8 @@ async def _park_after_error(harness: WorkerHost, claim: Claim, error: Exception)
         if runner.snap.status.is_terminal:
             return runner.snap.status
         reason = f"{type(error).__name__}: {error}"
-        await runner.hand_over(f"unexpected error while running: {reason}")
+        await runner.hand_over(f"unexpected error while running: {reason}",
+                               traceback=traceback_text(error))
         return Status.NEEDS_HUMAN
     except StoreUnavailable as unavailable:  # parked by the next worker, after its recovery
         raise Stranded(unavailable, releasable=False) from unavailable

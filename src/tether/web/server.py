@@ -393,7 +393,7 @@ def render_metrics(counters: Mapping[str, int], tasks: Mapping[str, int], pendin
         by_status.add_metric([status.value], tasks.get(status.value, 0))
     steps = CounterMetricFamily("tether_steps", "Steps this process carried out")
     steps.add_metric([], counters.get("steps", 0))
-    recoveries = CounterMetricFamily("tether_recoveries", "Recovery actions by strategy (R23)",
+    recoveries = CounterMetricFamily("tether_recoveries", "Recovery actions by strategy",
                                      labels=["strategy"])
     events = CounterMetricFamily("tether_events", "Events sent through this process, by outcome",
                                  labels=["outcome"])
