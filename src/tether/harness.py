@@ -198,6 +198,10 @@ class Harness:
             self.add_tool(tool)
         self.agents[name] = agent
 
+    async def running_tasks(self, limit: int) -> list[TaskRecord]:
+        """Tasks marked running, wherever they run (for a worker run until idle)."""
+        return await self.store.list_tasks(Status.RUNNING, limit)
+
     def resource_kind(self, name: str, exists: Callable[[str], bool],
                       cleanup: Callable[[str], None]) -> None:
         """Teach the harness to check and clean up one more kind of external resource."""

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 from tether.engine.host import RunnerHost
 from tether.engine.runner import Runner
+from tether.engine.timers import local_time
 from tether.errors import (
     CorruptSnapshot,
     CorruptStore,
@@ -44,7 +45,7 @@ from tether.errors import (
     TetherError,
     VersionNotFound,
 )
-from tether.model import Status
+from tether.model import Status, TaskRecord
 from tether.store import Claim
 from tether.store.retry import Outage
 from tether.tools import traceback_text
@@ -81,6 +82,9 @@ class WorkerHost(RunnerHost, Protocol):
 
     async def wake_waiting(self) -> int:
         """Have every waiting task re-checked once (R16)."""
+
+    async def running_tasks(self, limit: int) -> list[TaskRecord]:
+        """Tasks marked running, wherever they run (a run until idle looks for dead leases)."""
 
 
 def new_worker_id() -> str:
@@ -126,6 +130,10 @@ class Stranded(Exception):
         side-effecting call in flight)."""
 
 
+LEASES_LOOKED_AT = 1000
+"""Running tasks a run until idle looks through for leases left by a dead worker."""
+
+
 class Worker:
     """Runs up to ``concurrency`` tasks at once from one store."""
 
@@ -140,6 +148,10 @@ class Worker:
         self.outage = Outage(harness.log)
         """The store's availability as this worker sees it (riding out outages)."""
         self._stranded: list[Claim] = []
+        self._leases_seen: dict[str, float] = {}
+        """Leases held elsewhere, as an idle run until idle saw them (task id -> expiry)."""
+        self._alive: set[str] = set()
+        """Tasks whose holder renewed its lease meanwhile: a live worker, not waited for."""
         self._fatal: CorruptStore | None = None
         self._changed = asyncio.Event()
         self._started = asyncio.Event()
@@ -167,7 +179,8 @@ class Worker:
                 except StoreUnavailable as error:
                     await self._pause(self.outage.failed(error), stop)
                     continue
-                if until_idle and not self.active and not claimed and not self._stranded:
+                if until_idle and not self.active and not claimed and not self._stranded \
+                        and not await self._held_by_the_dead():
                     return
                 await self._wait_for_change(stop)
         finally:
@@ -230,6 +243,32 @@ class Worker:
             if None in claims:
                 break
         return claimed
+
+    async def _held_by_the_dead(self) -> bool:
+        """Whether a run until idle must go on: a task is held under a lease its holder
+        stopped renewing (a worker killed mid-task leaves its tasks leased until the lease
+        runs out), so it is waited for and then taken over. A lease renewed meanwhile is a
+        live worker's: that task is left to it, and the log says so."""
+        now = time.time()
+        waiting = []
+        for task in await self.harness.running_tasks(LEASES_LOOKED_AT):
+            until = task.lease_until or 0.0
+            if task.lease_owner in (None, self.harness.worker_id) or until <= now \
+                    or task.task_id in self._alive:
+                continue
+            seen = self._leases_seen.get(task.task_id)
+            if seen is not None and until > seen:
+                self._alive.add(task.task_id)
+                self.harness.log.info("task %s: held by %s, which renews its lease; left to it",
+                                      task.task_id, task.lease_owner)
+                continue
+            if seen is None:
+                self.harness.log.info("task %s: held by %s until %s, which has not renewed its"
+                                      " lease; waiting to take it over", task.task_id,
+                                      task.lease_owner, local_time(until))
+            self._leases_seen[task.task_id] = until
+            waiting.append(task)
+        return bool(waiting)
 
     async def _wait_for_change(self, stop: asyncio.Event | None) -> None:
         """Until a task ends, work arrives (stored here, or seen by :meth:`_watch`), a poll
