@@ -7,9 +7,11 @@ log and so in the bundle and the API.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
+import pytest
 from _support import fast_settings
 
 import tether as tt
@@ -77,3 +79,24 @@ def test_r26_a_traceback_is_bounded_and_keeps_its_end() -> None:
         trace = traceback_text(error)
     assert len(trace) <= TRACEBACK_CHARS + 40 and trace.endswith("x" * 100)
     assert trace.startswith("... (earlier frames left out)")
+
+
+async def test_r23_workers_log_what_became_of_each_task_they_let_go(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Operators read the worker's log: each task it lets go of, and what became of it."""
+    h = harness(tmp_path)
+
+    @h.agent("gate")
+    class Gate(tt.Agent):
+        async def plan(self, task: tt.TaskView) -> tt.Action:
+            return tt.Wait("approval") if task.last_event is None else tt.Finish("ok")
+
+    caplog.set_level(logging.INFO, logger="tether")
+    parked = await h.submit("gate")
+    failed = await h.submit("support")
+    await h.run_until_idle(timeout=10)
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert f"task {parked}: waiting for an event; released" in said
+    assert f"task {failed}: needs a person; released" in said
+    assert any(m.startswith(f"recovery retry_backoff on task {failed}") for m in said)
+    await h.close()

@@ -130,6 +130,11 @@ class Stranded(Exception):
         side-effecting call in flight)."""
 
 
+PARKED = {Status.RUNNING: "parked until its next due time, or handed over by a stopping worker",
+          Status.WAITING: "waiting for an event", Status.PAUSED: "paused",
+          Status.NEEDS_HUMAN: "needs a person", Status.COMPLETED: "completed",
+          Status.FAILED: "failed", Status.CANCELLED: "cancelled"}
+"""How the log says what became of a task a worker let go of."""
 LEASES_LOOKED_AT = 1000
 """Running tasks a run until idle looks through for leases left by a dead worker."""
 
@@ -321,7 +326,12 @@ class Worker:
             if runner is not None:
                 runner.stop()
         tasks = list(self.active.values())
+        self.harness.log.info("stopping: %d task(s) finish their step, then are handed over",
+                              len(tasks))
         _, late = await asyncio.wait(tasks, timeout=self.harness.settings.drain_timeout)
+        if len(late) < len(tasks):
+            self.harness.log.info("drained: %d task(s) handed over at a step boundary",
+                                  len(tasks) - len(late))
         for task in late:
             task.cancel()
         if late:
@@ -493,6 +503,7 @@ async def _hand_over(harness: WorkerHost, claim: Claim, status: Status) -> Statu
             harness.log.exception("task %s: the notifier failed", claim.task_id)
     with contextlib.suppress(LeaseLost):
         await harness.store.release(claim)
+    harness.log.info("task %s: %s; released", claim.task_id, PARKED.get(status, status.value))
     return status
 
 
