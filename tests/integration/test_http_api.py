@@ -35,6 +35,16 @@ def app_harness(path: Path) -> tt.Harness:
                 return tt.Reply("asking") if t.step == 0 else tt.Wait("approval")
             return tt.Finish(t.last_event["payload"])
 
+    @h.tool(idempotent=True, retry=tt.RetryPolicy(max_attempts=1))
+    async def broken(ctx: tt.ToolContext) -> str:
+        order: dict[str, str] | None = None
+        return order["customer"]  # type: ignore[index]  # the bug a person must find
+
+    @h.agent("buggy")
+    class Buggy(tt.Agent):
+        async def plan(self, t: tt.TaskView) -> tt.Action:
+            return tt.ToolCall("broken", {})
+
     @h.agent("priced")
     class Priced(tt.Agent):
         async def plan(self, t: tt.TaskView) -> tt.Action:
@@ -255,3 +265,28 @@ async def test_r02_the_console_shows_each_model_call_with_its_cost(
     task = (await client.get("/api/tasks/p1", headers=auth(READER))).json()
     assert task["snapshot"]["usage"] == {"completions": 1, "prompt_tokens": 120,
                                          "completion_tokens": 8}
+
+
+async def test_r26_the_console_shows_the_traceback_and_who_holds_a_task(
+        api: tuple[httpx.AsyncClient, tt.Harness]) -> None:
+    """Issue 18: a failure's traceback (file, line, code) is on the task page, in the
+    timeline and beside its recovery; a task under a lease says who holds it and until when."""
+    client, harness = api
+    origin = {"Origin": str(client.base_url).rstrip("/")}
+    await harness.submit("buggy", task_id="b1")
+    await harness.run_until_idle(timeout=5)
+    login = await client.get("/console")
+    await client.post("/console/login", headers=origin,
+                      data={"token": READER, "csrf": csrf_of(login.text)})
+    page = (await client.get("/console/tasks/b1")).text
+    assert page.count("<summary>traceback</summary>") >= 2
+    assert "test_http_api.py" in page and "in broken" in page
+    log = (await client.get("/api/tasks/b1/recovery", headers=auth(READER))).json()
+    assert "in broken" in log[-1]["traceback"]
+    await harness.submit("gate", task_id="held")
+    claim = await harness.store.claim("worker-that-died", time.time(), 60.0)
+    assert claim is not None and claim.task_id == "held"
+    page = (await client.get("/console/tasks/held")).text
+    assert 'id="lease"' in page and "worker-that-died" in page
+    task = (await client.get("/api/tasks/held", headers=auth(READER))).json()
+    assert task["task"]["lease_owner"] == "worker-that-died" and task["task"]["lease_until"]
