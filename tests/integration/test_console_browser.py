@@ -46,7 +46,23 @@ def app(db: Path) -> tt.Harness:
                 return tt.ToolCall("send_invoice", {"customer": t.input["customer"]})
             return tt.Finish(t.last_tool_result)
 
+    @h.agent("gate")
+    class Gate(tt.Agent):
+        async def plan(self, t: tt.TaskView) -> tt.Action:
+            if t.last_event is None:
+                return tt.Reply("asking for approval") if t.step == 0 else tt.Wait("approval")
+            return tt.Finish(t.last_event["payload"])
+
     return h
+
+
+async def until(harness: tt.Harness, task_id: str, status: tt.Status) -> None:
+    """Wait (up to 10 s) for a task to reach a status; the worker runs in the background."""
+    for _ in range(200):
+        if (await harness.store.get_task(task_id)).status is status:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{task_id} never became {status.value}")
 
 
 @pytest.fixture
@@ -128,3 +144,74 @@ async def test_r26_a_person_decides_a_parked_call_and_rolls_the_task_back_in_the
     info = await harness.get(parked)
     assert "rollback" in [r["resume_strategy"] for r in await harness.store.list_recovery_log(parked)]
     assert info.version == after or info.version > before
+
+
+async def test_r26_a_person_sends_an_event_and_sees_the_rollback_marked_in_the_timeline(
+        console: tuple[str, tt.Harness]) -> None:
+    """Issue 18 in the browser: the send-event form refuses a payload that is not JSON and
+    sends one that is; the timeline gives each row its time and duration, and marks the
+    person's decision and the rollback; a 404 is a page; the list works 420 px wide."""
+    playwright_api = pytest.importorskip("playwright.async_api")
+    base, harness = console
+    await harness.submit("gate", task_id="approve-me")
+    await harness.submit("biller", {"customer": "Initech"}, task_id="invoice-initech")
+    await until(harness, "approve-me", tt.Status.WAITING)
+    await until(harness, "invoice-initech", tt.Status.NEEDS_HUMAN)
+    async with playwright_api.async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        page = await browser.new_page(viewport={"width": 1280, "height": 800})
+        await page.goto(f"{base}/console")
+        await page.fill("input[name=token]", TOKEN)
+        await page.click("button[type=submit]")
+        await page.goto(f"{base}/console/tasks/approve-me")
+        form = page.locator("#send-event")
+        assert await form.is_visible()  # opened: the task waits for an event
+        assert await form.locator("select[name=type]").input_value() == "approval"
+        await form.locator("textarea[name=payload]").fill("{not json")
+        async with page.expect_navigation():
+            await form.locator("button[type=submit]").click()
+        await page.locator(".flash.error", has_text="not valid JSON").wait_for()
+        await form.locator("textarea[name=payload]").fill('{"approved": "by the browser"}')
+        await form.locator("select[name=priority]").select_option("1")
+        async with page.expect_navigation():
+            await form.locator("button[type=submit]").click()
+        await page.locator(".flash", has_text="event approval sent").wait_for()
+        await until(harness, "approve-me", tt.Status.COMPLETED)
+        assert (await harness.get("approve-me")).snapshot.result == {"approved": "by the browser"}
+        await page.reload()
+        assert await page.locator("#send-event").count() == 0  # completed: nothing to send
+        assert await page.locator("text=Cancel").count() == 0
+        first = page.locator("table.timeline tbody tr").first
+        assert await first.locator("span[title]").get_attribute("title")  # full time on hover
+
+        await page.goto(f"{base}/console/tasks/invoice-initech")
+        await page.check("input[name=outcome][value=not_happened]")
+        async with page.expect_navigation():
+            await page.click("text=Decide")
+        await until(harness, "invoice-initech", tt.Status.COMPLETED)
+        await page.reload()
+        person = page.locator("table.timeline tr.mark-person", has_text="human decision")
+        assert await person.count() == 1 and await person.locator(".tag-person").is_visible()
+        assert await page.locator("table.timeline tr.mark-rollback").count() == 0
+        first_version = (await harness.store.list_versions("invoice-initech"))[0][0]
+        await page.select_option("form[action$=rollback] select[name=version]", str(first_version))
+        async with page.expect_navigation():
+            await page.click("text=Roll back")
+        await page.locator(".flash", has_text="rollback sent").wait_for()
+        marked = page.locator("table.timeline tr.mark-rollback")
+        await marked.first.wait_for()
+        assert "rolled back to version" in await marked.first.inner_text()
+        durations = await page.locator("table.timeline tbody tr td:nth-child(3)").all_inner_texts()
+        assert any(d.startswith("+") and d.endswith("s") for d in durations)
+
+        missing = await page.goto(f"{base}/console/tasks/no-such-task")
+        assert missing is not None and missing.status == 404
+        assert "no-such-task" in await page.locator("#error-page").inner_text()
+
+        await page.set_viewport_size({"width": 420, "height": 800})
+        await page.goto(f"{base}/console?agent=gate")
+        await page.locator("tr", has_text="approve-me").wait_for()
+        width = await page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 420, f"the list is {width} px wide at 420 px"
+        assert await page.locator("tr", has_text="invoice-initech").count() == 0
+        await browser.close()

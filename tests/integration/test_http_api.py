@@ -290,3 +290,227 @@ async def test_r26_the_console_shows_the_traceback_and_who_holds_a_task(
     assert 'id="lease"' in page and "worker-that-died" in page
     task = (await client.get("/api/tasks/held", headers=auth(READER))).json()
     assert task["task"]["lease_owner"] == "worker-that-died" and task["task"]["lease_until"]
+
+
+async def sign_in(client: httpx.AsyncClient, token: str) -> dict[str, str]:
+    """Sign the client in to the console; the Origin header its forms must carry."""
+    origin = {"Origin": str(client.base_url).rstrip("/")}
+    login = await client.get("/console")
+    signed = await client.post("/console/login", headers=origin,
+                               data={"token": token, "csrf": csrf_of(login.text)})
+    assert signed.status_code == 303
+    return origin
+
+
+async def settled(harness: tt.Harness, task_id: str, status: tt.Status) -> None:
+    await harness.run_until_idle(timeout=5)
+    assert (await harness.store.get_task(task_id)).status is status
+
+
+def forms(html: str) -> list[str]:
+    return re.findall(r'<form[^>]* action="([^"]+)"', html)
+
+
+async def test_r26_the_console_timeline_gives_times_durations_and_marks_rollbacks_and_people(
+        api: tuple[httpx.AsyncClient, tt.Harness]) -> None:
+    """Issue 18: every timeline row has its time (full on hover) and the time since the row
+    before; a person's event and a rollback are marked, so a rolled-back task does not look
+    like a clean run."""
+    client, harness = api
+    await harness.submit("gate", task_id="t1")
+    await harness.submit("gate", task_id="clean")
+    await harness.run_until_idle(timeout=5)
+    origin = await sign_in(client, OPERATOR)
+    first = (await harness.store.list_versions("t1"))[0][0]
+    for name in ("t1", "clean"):
+        page = await client.get(f"/console/tasks/{name}")
+        sent = await client.post(f"/console/tasks/{name}/approve", headers=origin,
+                                 data={"csrf": csrf_of(page.text)})
+        assert sent.status_code == 303
+        await settled(harness, name, tt.Status.COMPLETED)
+    page = await client.get("/console/tasks/t1")
+    await client.post("/console/tasks/t1/rollback", headers=origin,
+                      data={"csrf": csrf_of(page.text), "version": str(first)})
+    await harness.run_until_idle(timeout=5)
+    rolled = (await client.get("/console/tasks/t1")).text
+    clean = (await client.get("/console/tasks/clean")).text
+    assert 'class="mark mark-rollback"' in rolled and "rolled back to version" in rolled
+    assert 'class="mark mark-rollback"' not in clean and 'class="mark mark-crash"' not in clean
+    times = re.findall(r'<span title="([^"]+)">(\d\d:\d\d:\d\d\.\d{3})</span>', clean)
+    assert len(times) >= 3 and all(full[11:19] == short[:8] for full, short in times)
+    assert re.search(r'<td class="muted nowrap">\+\d+\.\d\d s</td>', clean)  # a duration
+
+
+def test_r26_the_timeline_merges_recovery_records_by_time_with_a_marker_per_kind() -> None:
+    """Dialog rows and recovery records in time order; crash, rollback, person and other
+    recoveries each with their own marker; durations measured from the entry before."""
+    from tether.web.console import _timeline
+    rows = [{"role": "assistant", "content": "a", "at": 100.0},
+            {"role": "assistant", "content": "b", "at": 103.5},
+            {"role": "event", "type": "decide", "content": {"outcome": "skip"}, "at": 190.0}]
+    log = [{"resume_strategy": "resume", "detail": "worker died", "at": 101.0,
+            "traceback": "Traceback ... line 3"},
+           {"resume_strategy": "fallback_version", "detail": "v2 damaged", "at": 101.5},
+           {"resume_strategy": "human_decision", "detail": "ops said skip", "at": 189.0},
+           {"resume_strategy": "retry_backoff", "detail": "try again", "at": 102.0},
+           {"resume_strategy": "rollback", "detail": "back to 1", "at": 400.0}]
+    line = _timeline(rows, log)
+    assert [(e["what"], e["marker"]) for e in line] == [
+        ("reply", ""), ("resume", "crash"), ("fallback version", "crash"),
+        ("retry backoff", "recovery"), ("reply", ""), ("human decision", "person"),
+        ("event decide", "person"), ("rollback", "rollback")]
+    assert [e["delta"] for e in line] == ["", "+1.0 s", "+0.50 s", "+0.50 s", "+1.5 s",
+                                          "+1 min 25 s", "+1.0 s", "+3 min 30 s"]
+    assert line[1]["traceback"] == "Traceback ... line 3" and line[1]["detail"] == "worker died"
+    assert [e["n"] for e in line if e["n"] != ""] == [1, 2, 3]
+
+
+async def test_r26_levers_are_shown_only_where_they_can_act(
+        api: tuple[httpx.AsyncClient, tt.Harness]) -> None:
+    """A waiting task offers approve, send event, resume, roll back and cancel; a completed
+    one only roll back; a cancelled one none; a read-only session none at all."""
+    client, harness = api
+    await harness.submit("gate", task_id="w")
+    await harness.submit("gate", task_id="c")
+    await harness.submit("gate", task_id="x")
+    await harness.run_until_idle(timeout=5)
+    origin = await sign_in(client, OPERATOR)
+    page = await client.get("/console/tasks/c")
+    await client.post("/console/tasks/c/event", headers=origin,
+                      data={"csrf": csrf_of(page.text), "type": "approval", "payload": '"ok"'})
+    await settled(harness, "c", tt.Status.COMPLETED)
+    await harness.cancel("x")
+    await settled(harness, "x", tt.Status.CANCELLED)
+
+    def levers(html: str) -> list[str]:
+        return [a.rsplit("/", 1)[1] for a in forms(html)
+                if a.startswith("/console/tasks/") and not a.endswith("/diff")]
+
+    waiting = (await client.get("/console/tasks/w")).text
+    assert levers(waiting) == ["approve", "resume", "rollback", "cancel", "event"]
+    assert "Approve (send approval)" in waiting
+    assert levers((await client.get("/console/tasks/c")).text) == ["rollback"]
+    assert levers((await client.get("/console/tasks/x")).text) == []
+    listing = await client.get("/console")
+    await client.post("/console/logout", headers=origin, data={"csrf": csrf_of(listing.text)})
+    await sign_in(client, READER)
+    read_only = (await client.get("/console/tasks/w")).text
+    assert levers(read_only) == [] and 'id="read-only"' in read_only
+
+
+async def test_r26_console_errors_are_pages_and_sign_out_ends_the_session(
+        api: tuple[httpx.AsyncClient, tt.Harness]) -> None:
+    client, harness = api
+    await harness.submit("gate", task_id="t1")
+    origin = await sign_in(client, OPERATOR)
+    for path in ("/console/tasks/ghost", "/console/tasks/ghost/diff?a=1&b=2",
+                 "/console/tasks/ghost/bundle", "/console/tasks/t1/diff?a=1&b=999",
+                 "/console/no-such-page"):
+        missing = await client.get(path)
+        assert missing.status_code == 404, path
+        assert missing.headers["content-type"].startswith("text/html"), path
+        assert 'id="error-page"' in missing.text and "Sign out" in missing.text, path
+    assert "ghost" in (await client.get("/console/tasks/ghost")).text
+    page = await client.get("/console/tasks/t1")
+    posted = await client.post("/console/tasks/ghost/cancel", headers=origin,
+                               data={"csrf": csrf_of(page.text)})
+    assert posted.status_code == 404 and 'id="error-page"' in posted.text
+    assert (await client.get("/api/tasks/ghost", headers=auth(READER))).json()["error"]
+
+    old = client.cookies.get("tether_session")
+    assert old
+    out = await client.post("/console/logout", headers=origin, data={"csrf": csrf_of(page.text)})
+    assert out.status_code == 303 and out.headers["location"] == "/console"
+    assert "Sign in" in (await client.get("/console")).text
+    client.cookies.set("tether_session", old, path="/console")  # the old id is dead too
+    again = await client.get("/console/tasks/t1")
+    assert again.status_code == 303 and again.headers["location"] == "/console"
+
+
+async def test_r26_the_console_sends_events_with_a_validated_json_payload(
+        api: tuple[httpx.AsyncClient, tt.Harness]) -> None:
+    """The send-event form: a protocol type, a JSON payload (refused with a clear message
+    when it is not JSON), a priority; levers and unknown types are refused; read-only
+    sessions cannot send; the one-click approve sends the type the task waits for."""
+    client, harness = api
+    await harness.submit("gate", task_id="t1")
+    await harness.submit("gate", task_id="t2")
+    await harness.run_until_idle(timeout=5)
+    origin = await sign_in(client, OPERATOR)
+    page = (await client.get("/console/tasks/t1")).text
+    types = re.findall(r'<option value="([a-z_]+)"', page.split('id="send-event"')[1])
+    assert "approval" in types and "user_message" in types
+    assert not {"cancel", "resume", "rollback", "decide", "timer", "task_timeout"} & set(types)
+
+    async def send(**fields: str) -> str:
+        answer = await client.post("/console/tasks/t1/event", headers=origin,
+                                   data={"csrf": csrf_of(page), **fields})
+        assert answer.status_code == 303
+        return (await client.get("/console/tasks/t1")).text
+
+    bad = await send(type="approval", payload="{oops")
+    assert "the payload is not valid JSON" in bad and 'class="flash error"' in bad
+    assert "the priority must be 0 to 4" in await send(type="approval", priority="9")
+    assert "not &#39;cancel&#39;" in await send(type="cancel")
+    assert "not &#39;bogus&#39;" in await send(type="bogus")
+    assert await harness.store.list_events("t1") == []  # none of those got in
+    sent = await send(type="approval", payload='{"ok": true}', priority="1")
+    assert "event approval sent" in sent
+    [stored] = await harness.store.list_events("t1")
+    assert stored.event.type == "approval" and stored.event.payload == {"ok": True}
+    assert stored.priority == 1
+    await settled(harness, "t1", tt.Status.COMPLETED)
+    assert (await harness.get("t1")).snapshot.result == {"ok": True}
+
+    page = (await client.get("/console/tasks/t2")).text
+    await client.post("/console/tasks/t2/approve", headers=origin, data={"csrf": csrf_of(page)})
+    await settled(harness, "t2", tt.Status.COMPLETED)
+    result = (await harness.get("t2")).snapshot.result
+    assert result["approved"] is True and result["by"].startswith("console:")
+    again = await client.post("/console/tasks/t2/approve", headers=origin,
+                              data={"csrf": csrf_of(page)})
+    assert again.status_code == 303
+    assert "not waiting for an event" in (await client.get("/console/tasks/t2")).text
+
+    listing = await client.get("/console")
+    await client.post("/console/logout", headers=origin, data={"csrf": csrf_of(listing.text)})
+    await harness.submit("gate", task_id="t3")
+    await harness.run_until_idle(timeout=5)
+    await sign_in(client, READER)
+    page = (await client.get("/console/tasks/t3")).text
+    assert 'id="send-event"' not in page
+    refused = await client.post("/console/tasks/t3/event", headers=origin,
+                                data={"csrf": csrf_of(page), "type": "approval"})
+    assert refused.status_code == 303
+    assert "Only an operator" in (await client.get("/console/tasks/t3")).text
+    assert await harness.store.list_events("t3") == []
+
+
+async def test_r26_the_task_list_filters_searches_and_pages(
+        api: tuple[httpx.AsyncClient, tt.Harness]) -> None:
+    client, harness = api
+    for n in range(55):
+        await harness.submit("gate", task_id=f"g{n:02d}")
+    await harness.submit("buggy", task_id="bug-1")
+    await harness.run_until_idle(timeout=10)
+    await sign_in(client, READER)
+
+    def ids(html: str) -> list[str]:
+        return re.findall(r'<a href="/console/tasks/[^"]+">([^<]+)</a>', html)
+
+    first = (await client.get("/console")).text
+    assert len(ids(first)) == 50 and 'rel="next"' in first and 'rel="prev"' not in first
+    second = (await client.get("/console?page=2")).text
+    assert len(ids(second)) == 6 and 'rel="prev"' in second and 'rel="next"' not in second
+    assert set(ids(first)) | set(ids(second)) == {f"g{n:02d}" for n in range(55)} | {"bug-1"}
+    assert ids((await client.get("/console?agent=buggy")).text) == ["bug-1"]
+    assert sorted(ids((await client.get("/console?q=G5")).text)) == [f"g5{n}" for n in range(5)]
+    assert ids((await client.get("/console?status=completed")).text) == []
+    filtered = (await client.get("/console?agent=gate&page=1")).text
+    assert 'href="/console?agent=gate&amp;page=2"' in filtered
+    rows = (await client.get("/console/rows?agent=buggy")).text
+    assert ids(rows) == ["bug-1"]
+    reason = (await harness.store.get_task("bug-1")).reason
+    assert reason and f'class="reason" title="{reason[:40]}' in rows.replace("&#39;", "'")
+    assert re.search(r'<span class="ago" title="\d{4}-\d\d-\d\dT[^"]+">(just now|\d+ s ago)<',
+                     rows)

@@ -14,18 +14,21 @@ from __future__ import annotations
 
 import difflib
 import secrets
+import time
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import orjson
 
 from tether.agent import completion_summary
 from tether.engine.decisions import DECISIONS, Decision
 from tether.engine.timers import local_time
-from tether.errors import TetherError
+from tether.errors import TaskNotFound, TetherError, VersionNotFound
 from tether.harness import Harness
-from tether.model import LARGEST_COUNT, CallStatus, Status
+from tether.model import LARGEST_COUNT, CallStatus, Event, Status
+from tether.protocol import RESERVED_EVENTS
 from tether.web.security import FailureLimiter, Role, TokenTable, client_of, operator_id
 
 try:
@@ -87,21 +90,35 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
         return answer
 
     @app.get("/console", response_class=HTMLResponse, include_in_schema=False)
-    async def tasks(request: Request, status: Status | None = None) -> Response:
+    async def tasks(request: Request, status: str = "", agent: str = "", q: str = "",
+                    page_no: int = Query(1, alias="page", ge=1, le=LARGEST_COUNT)) -> Response:
         session = session_of(request)
         if session is None:
             return sign_in_page(request)
         counts = await harness.reads.counts()
-        return page("tasks.html", request, session, tasks=await _listing(harness, status),
-                    status=status.value if status else "", total=sum(counts.values()),
+        chosen = _status(status)
+        shown, more = await _listing(harness, chosen, agent, q, page_no)
+        query = {k: v for k, v in (("status", chosen.value if chosen else ""), ("agent", agent),
+                                   ("q", q)) if v}
+        return page("tasks.html", request, session, tasks=shown, ago=_ago, page_no=page_no,
+                    more=more, status=chosen.value if chosen else "", agent=agent, q=q,
+                    agents=sorted(harness.agents), statuses=[s.value for s in ORDER],
+                    refresh="/console/rows?" + urlencode({**query, "page": page_no}),
+                    prev_link="/console?" + urlencode({**query, "page": page_no - 1})
+                    if page_no > 1 else "",
+                    next_link="/console?" + urlencode({**query, "page": page_no + 1})
+                    if more else "",
+                    total=sum(counts.values()),
                     counts=[(s.value, counts[s.value]) for s in ORDER if s.value in counts])
 
     @app.get("/console/rows", response_class=HTMLResponse, include_in_schema=False)
-    async def rows(request: Request, status: Status | None = None) -> Response:
+    async def rows(request: Request, status: str = "", agent: str = "", q: str = "",
+                   page_no: int = Query(1, alias="page", ge=1, le=LARGEST_COUNT)) -> Response:
         session = session_of(request)
         if session is None:
             return Response(status_code=401)
-        return page("rows.html", request, None, tasks=await _listing(harness, status))
+        shown, _ = await _listing(harness, _status(status), agent, q, page_no)
+        return page("rows.html", request, None, tasks=shown, ago=_ago)
 
     @app.post("/console/login", include_in_schema=False)
     async def login(request: Request, token: str = Form(""), csrf: str = Form("")) -> Response:
@@ -136,22 +153,42 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
                              samesite="strict", secure=secure(request))
         return answer
 
+    def not_found(request: Request, session: Session | None, what: str) -> Response:
+        return page("error.html", request, session, 404, title="Not found", message=what)
+
     @app.get("/console/tasks/{task_id}", response_class=HTMLResponse, include_in_schema=False)
     async def task(request: Request, task_id: str) -> Response:
         session = session_of(request)
         if session is None:
             return RedirectResponse("/console", 303)
-        info = await harness.get(task_id)
+        try:
+            info = await harness.get(task_id)
+        except TaskNotFound:
+            return not_found(request, session, f"There is no task {task_id!r}.")
         reads = harness.reads
-        call = info.snapshot.call
-        return page("task.html", request, session, record=info.record, snap=info.snapshot,
-                    version=info.version, history=await harness.history(task_id),
+        snap = info.snapshot
+        call = snap.call
+        status = info.record.status
+        in_doubt = status is Status.NEEDS_HUMAN and call is not None \
+            and call.status == CallStatus.STARTED
+        history = await harness.history(task_id)
+        recoveries = await reads.recovery_log(task_id)
+        operator = session.role == "operator"
+        wait = snap.frame.wait if snap.stack else None
+        return page("task.html", request, session, record=info.record, snap=snap,
+                    version=info.version, history=history,
+                    timeline=_timeline(history, recoveries),
                     versions=[{"version": v} for v, _, _ in await reads.versions(task_id)],
                     events=await reads.events(task_id),
                     calls=await reads.calls(task_id),
-                    recoveries=await reads.recovery_log(task_id),
-                    in_doubt=info.record.status is Status.NEEDS_HUMAN and call is not None
-                    and call.status == CallStatus.STARTED,
+                    recoveries=recoveries, in_doubt=in_doubt, operator=operator,
+                    can_resume=operator and not in_doubt and status in RESUMABLE,
+                    can_rollback=operator and status is not Status.CANCELLED,
+                    can_cancel=operator and not status.is_terminal,
+                    can_send=operator and not status.is_terminal,
+                    awaited=str(wait["event_type"]) if operator and wait
+                    and status is Status.WAITING else None,
+                    event_types=_event_types(harness),
                     describe=_describe, detail=_detail)
 
     @app.get("/console/tasks/{task_id}/diff", response_class=HTMLResponse, include_in_schema=False)
@@ -160,16 +197,24 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
         session = session_of(request)
         if session is None:
             return RedirectResponse("/console", 303)
-        old, new = (await _pretty(harness, task_id, a)), (await _pretty(harness, task_id, b))
+        try:
+            old, new = (await _pretty(harness, task_id, a)), (await _pretty(harness, task_id, b))
+        except (TaskNotFound, VersionNotFound):
+            return not_found(request, session, f"Task {task_id!r} has no version {a} or {b}.")
         lines = list(difflib.unified_diff(old, new, f"version {a}", f"version {b}", lineterm=""))
         return page("diff.html", request, session, task_id=task_id, a=a, b=b,
                     lines=lines or ["(no difference)"])
 
     @app.get("/console/tasks/{task_id}/bundle", include_in_schema=False)
     async def bundle(request: Request, task_id: str) -> Response:
-        if session_of(request) is None:
+        session = session_of(request)
+        if session is None:
             return RedirectResponse("/console", 303)
-        body = orjson.dumps(await harness.export(task_id), option=orjson.OPT_INDENT_2)
+        try:
+            exported = await harness.export(task_id)
+        except TaskNotFound:
+            return not_found(request, session, f"There is no task {task_id!r}.")
+        body = orjson.dumps(exported, option=orjson.OPT_INDENT_2)
         return Response(body, media_type="application/json", headers={
             "content-disposition": f'attachment; filename="{quote(task_id, safe="")}.json"'})
 
@@ -183,10 +228,19 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
         if session.role != "operator":
             return _back(session, task_id, "Only an operator token may change tasks", True)
         try:
+            await harness.reads.task(task_id)
+        except TaskNotFound:
+            return not_found(request, session, f"There is no task {task_id!r}.")
+        try:
             done = await _pull(harness, task_id, lever, form, session.by)
         except (TetherError, ValueError) as exc:
             return _back(session, task_id, str(exc), True)
         return _back(session, task_id, done, False)
+
+    @app.get("/console/{rest:path}", response_class=HTMLResponse, include_in_schema=False)
+    async def nowhere(request: Request, rest: str) -> Response:
+        # a 404 page for anyone: signed out, it names nothing but the console's sign-in
+        return not_found(request, session_of(request), "There is no such page in the console.")
 
 
 async def _pull(harness: Harness, task_id: str, lever: str, form: Any, by: str) -> str:
@@ -212,9 +266,129 @@ async def _pull(harness: Harness, task_id: str, lever: str, form: Any, by: str) 
                              " ...)") from None
         await harness.decide(task_id, outcome, result, by=by)
         return f"decision sent: {outcome.replace('_', ' ')}"
+    elif lever == "event":
+        return await _send_event(harness, task_id, form)
+    elif lever == "approve":
+        info = await harness.get(task_id)
+        wait = info.snapshot.frame.wait if info.snapshot.stack else None
+        if wait is None or info.record.status is not Status.WAITING:
+            raise ValueError(f"task {task_id} is not waiting for an event: nothing to approve")
+        kind = str(wait["event_type"])
+        await harness.emit(Event(kind, task_id, {"approved": True, "by": by}))
+        return f"{kind} sent"
     else:
         raise ValueError(f"no such action {lever!r}")
     return f"{lever} sent"
+
+
+async def _send_event(harness: Harness, task_id: str, form: Any) -> str:
+    """An event from the console's form: a type of the protocol, a JSON payload, a priority."""
+    kind = str(form.get("type") or "")
+    if kind not in _event_types(harness):
+        raise ValueError(f"choose an event type of the protocol, not {kind[:60]!r}")
+    text = str(form.get("payload") or "").strip()
+    try:
+        payload = orjson.loads(text) if text else None
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"the payload is not valid JSON ({exc.msg} at line {exc.lineno},"
+                         f" column {exc.colno}); leave it empty to send none") from None
+    raw = str(form.get("priority") or "")
+    if raw and raw not in {"0", "1", "2", "3", "4"}:
+        raise ValueError("the priority must be 0 to 4 (or the protocol's default)")
+    receipt = await harness.emit(Event(kind, task_id, payload, int(raw) if raw else None))
+    return f"event {kind} sent (#{receipt.event_id}, {receipt.outcome})"
+
+
+RESUMABLE = frozenset({Status.PAUSED, Status.NEEDS_HUMAN, Status.FAILED, Status.WAITING,
+                       Status.RUNNING})
+"""Where a resume acts (on a running task it adds the person's message); elsewhere it is
+ignored, so the console does not offer it."""
+
+
+def _event_types(harness: Harness) -> list[str]:
+    """The event types a person may send: the protocol's, less the levers and timers."""
+    return sorted(t for t in harness.protocol.table() if t not in RESERVED_EVENTS)
+
+
+MARKERS = {"resume": "crash", "fallback_version": "crash", "rollback": "rollback",
+           "rollback_refused": "rollback", "amend": "person"}
+"""How a recovery record is marked in the timeline (``human_*`` records are a person's)."""
+
+
+def _marker(strategy: str) -> str:
+    if strategy.startswith("human_"):
+        return "person"
+    return MARKERS.get(strategy, "recovery")
+
+
+_PERSON_ROWS = {("event", "decide"), ("event", "cancel"), ("user", "resume")}
+
+
+def _timeline(history: list[dict[str, Any]], recoveries: list[dict[str, Any]]
+              ) -> list[dict[str, Any]]:
+    """Dialog rows and recovery records in one list, by time, each with its time and the
+    time since the entry before it; crashes, rollbacks and people's acts marked."""
+    pending = sorted((r for r in recoveries if isinstance(r.get("at"), int | float)),
+                     key=lambda r: float(r["at"]))
+    undated = [r for r in recoveries if not isinstance(r.get("at"), int | float)]
+    merged: list[tuple[str, dict[str, Any]]] = []
+    for row in history:
+        at = row.get("at")
+        while pending and isinstance(at, int | float) and float(pending[0]["at"]) <= at:
+            merged.append(("recovery", pending.pop(0)))
+        merged.append(("row", row))
+    merged.extend(("recovery", r) for r in pending + undated)
+    entries: list[dict[str, Any]] = []
+    previous: float | None = None
+    step = 0
+    for kind, item in merged:
+        at = item.get("at")
+        stamp = float(at) if isinstance(at, int | float) else None
+        entry: dict[str, Any] = {
+            "at": stamp, "time": _clock(stamp), "full": local_time(stamp) if stamp else "",
+            "delta": _duration(stamp - previous) if stamp is not None and previous is not None
+            else "", "traceback": item.get("traceback")}
+        if kind == "row":
+            step += 1
+            person = (item.get("role"), item.get("type")) in _PERSON_ROWS
+            entry.update(n=step, what=_describe(item), detail=_detail(item),
+                         marker="person" if person else "")
+        else:
+            strategy = str(item.get("resume_strategy") or "recovery")
+            entry.update(n="", what=strategy.replace("_", " "),
+                         detail=str(item.get("detail") or ""), marker=_marker(strategy))
+        entries.append(entry)
+        previous = stamp if stamp is not None else previous
+    return entries
+
+
+def _clock(at: float | None) -> str:
+    if at is None:
+        return ""
+    return datetime.fromtimestamp(at).astimezone().strftime("%H:%M:%S.%f")[:-3]
+
+
+def _duration(seconds: float) -> str:
+    """A step's duration as people read it: +0.25 s, +3.2 s, +4 min 10 s, +2 h 5 min."""
+    seconds = max(seconds, 0.0)
+    if seconds < 10:
+        return f"+{seconds:.2f} s" if seconds < 1 else f"+{seconds:.1f} s"
+    if seconds < 60:
+        return f"+{seconds:.0f} s"
+    if seconds < 3600:
+        return f"+{int(seconds // 60)} min {int(seconds % 60)} s"
+    return f"+{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
+
+
+def _ago(at: float, now: float | None = None) -> str:
+    """A past time relative to now: just now, 5 s ago, 3 min ago, 2 h ago, 4 d ago."""
+    seconds = max((now if now is not None else time.time()) - at, 0.0)
+    if seconds < 5:
+        return "just now"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)} {unit} ago"
+    return f"{int(seconds)} s ago"
 
 
 def _headers(nonce: str) -> dict[str, str]:
@@ -232,9 +406,30 @@ def _refused(message: str) -> Response:
                         headers=_headers(secrets.token_urlsafe(8)))
 
 
-async def _listing(harness: Harness, status: Status | None) -> list[Any]:
-    records = await harness.reads.tasks(status, limit=500)
-    return sorted(records, key=lambda r: (ORDER.index(r.status), -r.updated_at))
+PAGE_SIZE = 50
+"""Tasks per page of the console's list."""
+SCANNED = 10_000
+"""How many of the newest tasks the list filters and pages through."""
+
+
+def _status(text: str) -> Status | None:
+    try:
+        return Status(text) if text else None
+    except ValueError:
+        return None
+
+
+async def _listing(harness: Harness, status: Status | None, agent: str = "", q: str = "",
+                   page_no: int = 1) -> tuple[list[Any], bool]:
+    """One page of the list (most urgent status first, newest first), and whether there is
+    another: filtered by status, agent and a piece of the task id."""
+    records = await harness.reads.tasks(status, limit=SCANNED)
+    needle = q.strip().lower()
+    chosen = [r for r in records if (not agent or r.agent == agent)
+              and (not needle or needle in r.task_id.lower())]
+    chosen.sort(key=lambda r: (ORDER.index(r.status), -r.updated_at))
+    start = (page_no - 1) * PAGE_SIZE
+    return chosen[start:start + PAGE_SIZE], len(chosen) > start + PAGE_SIZE
 
 
 async def _pretty(harness: Harness, task_id: str, version: int) -> list[str]:
