@@ -192,6 +192,9 @@ class Agent:
     """Commit each planned action at once, before acting on it: for an agent whose plan
     costs money (a model completion), so a crash never pays for the same plan twice."""
 
+    input_required: bool = False
+    """A task of this agent needs an input (a prompt, a batch): ``submit`` without one is
+    refused at once, rather than failing later in the agent's first plan."""
     name: str = ""
     version: str = "1"
     """This agent's code version, recorded with every step it plans (E8): bump it on deploys

@@ -1,4 +1,5 @@
-"""``tether demo``: the three kinds of interruption (R1), shown on a throwaway SQLite file.
+"""``tether demo``: four scenarios, covering the three kinds of interruption (R1), shown on a
+throwaway SQLite file.
 
 1. Preemption: a user cuts into a 20-contract batch ("stop, re-parse #5").
 2. A killed process: a worker is SIGKILLed while a refund is in flight; the
@@ -22,8 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.padding import Padding
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
+from rich.tree import Tree
 
 import tether as tt
 from tether.examples import build_harness, contract_files
@@ -39,8 +42,9 @@ class DemoOutcome:
     ok: bool = True
 
 
-async def run_demo(workdir: Path, console: Console) -> DemoOutcome:
-    """Run every scenario against ``workdir/tether.db``; returns the summary rows."""
+async def run_demo(workdir: Path, console: Console, keep: bool = False) -> DemoOutcome:
+    """Run every scenario against ``workdir/tether.db``; returns the summary rows. With
+    *keep*, the folder outlives the demo, so the files it names are there to open."""
     store_url = f"sqlite:///{workdir / 'tether.db'}"
     ledger_path = str(workdir / "ledger.db")
     os.environ["TETHER_DEMO_LEDGER"] = ledger_path
@@ -52,7 +56,7 @@ async def run_demo(workdir: Path, console: Console) -> DemoOutcome:
         await _contracts(harness, console, outcome)
         await _refund(harness, console, outcome, store_url, ledger_path)
         await _report(harness, console, outcome)
-        await _inventory(harness, console, outcome, parked, workdir)
+        await _inventory(harness, console, outcome, parked, workdir if keep else None)
     finally:
         await harness.close()
     return outcome
@@ -142,8 +146,7 @@ async def _report(harness: tt.Harness, console: Console, outcome: DemoOutcome) -
     await harness.run_until_idle(timeout=30)
     info = await harness.get(task_id)
     spawns = [e for e in await harness.history(task_id) if e.get("event") == "spawn"]
-    for entry in spawns:
-        console.print(f"  {'  ' * entry['depth']}└─ {entry['agent']}")
+    console.print(Padding(_task_tree(info.snapshot.agent, spawns), (0, 0, 0, 2), expand=False))
     ok = info.record.status is tt.Status.COMPLETED and max(e["depth"] for e in spawns) == 2
     outcome.ok &= ok
     outcome.rows.append(("report analysis", "none (shows the task stack)",
@@ -152,13 +155,16 @@ async def _report(harness: tt.Harness, console: Console, outcome: DemoOutcome) -
 
 
 async def _inventory(harness: tt.Harness, console: Console, outcome: DemoOutcome,
-                     parked: list[dict[str, Any]], workdir: Path) -> None:
+                     parked: list[dict[str, Any]], kept: Path | None) -> None:
     console.rule("[bold]4. A flaky upstream, then a person")
     task_id = await harness.submit("inventory", {})
     await harness.run_until_idle(timeout=30)
     info = await harness.get(task_id)
     console.print(f"  status: [bold]{info.record.status.value}[/]  reason: {info.record.reason}")
-    console.print(f"  bundle for the person: {workdir / 'bundles' / (task_id + '.json')}")
+    if kept is not None:
+        console.print(f"  bundle for the person: {kept / 'bundles' / (task_id + '.json')}")
+    else:
+        console.print("  a bundle for the person was written (run with --keep to keep it)")
     await harness.resume(task_id, message="primary is in maintenance; use the mirror",
                          frame_patch={"source": "mirror"})
     await harness.run_until_idle(timeout=30)
@@ -171,6 +177,18 @@ async def _inventory(harness: tt.Harness, console: Console, outcome: DemoOutcome
     outcome.rows.append(("inventory sync", "upstream 503 on every attempt",
                          "3 attempts with backoff, 1 recovery, same fingerprint → needs_human;"
                          " person patched the source and resumed", final.record.status.value))
+
+
+def _task_tree(root: str, spawns: list[dict[str, Any]]) -> Tree:
+    """The task's frames as a tree: the root agent, then each subtask under its parent (the
+    dialog's spawn rows, in order, each with its depth)."""
+    tree = Tree(root)
+    parents = [tree]  # parents[d]: the newest node at depth d
+    for entry in spawns:
+        depth = int(entry["depth"])
+        del parents[depth:]
+        parents.append(parents[-1].add(str(entry["agent"])))
+    return tree
 
 
 def print_summary(console: Console, outcome: DemoOutcome) -> None:

@@ -224,6 +224,9 @@ class Harness:
         if agent not in self.agents:
             known = ", ".join(sorted(self.agents)) or "none"
             raise UnknownAgent(f"no agent {agent!r} is registered (known: {known})")
+        if input is None and self.agents[agent].input_required:
+            raise InvalidInput(f"agent {agent!r} needs an input (a prompt or the data it works"
+                               " on); nothing was stored")
         task_id = new_id() if task_id is None else check_task_id(task_id)
         plain = _to_plain(input, self.settings.max_payload_bytes, "task input")
         now = time.time()

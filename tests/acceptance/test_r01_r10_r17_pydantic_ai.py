@@ -323,3 +323,11 @@ async def test_r12_the_same_refund_asked_again_and_again_stops_at_the_limit(
     assert info.record.status is tt.Status.NEEDS_HUMAN and len(shop.refunds) == 3
     assert "support.refund with the same arguments a 4th time" in (info.record.reason or "")
     await h.close()
+
+
+async def test_r03_a_task_without_a_prompt_is_refused_at_once(tmp_path: Path) -> None:
+    h = harness(tmp_path, refund_agent(TestModel(), Shop()))
+    with pytest.raises(tt.InvalidInput, match="needs an input"):
+        await h.submit("support")
+    assert await h.store.list_tasks() == []  # nothing was stored
+    await h.close()

@@ -87,6 +87,7 @@ class ChatAgent(Agent):
     """Plans each step by asking a chat-completions model, with the task's tools offered."""
 
     commit_plans = True
+    input_required = True
 
     def __init__(self, model: str | None = None, *, tools: Sequence[Tool] = (),
                  system: str = "You are a careful assistant. Use the tools when they help.",

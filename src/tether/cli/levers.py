@@ -7,71 +7,112 @@ why (exit status 1).
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 import tether as tt
-from tether.cli.app import harness_command, json_arg, who
+from tether.cli.app import harness_command, json_arg, json_option, who
 from tether.cli.render import echo
 from tether.engine.decisions import DECISIONS
+from tether.engine.inbox import MAX_NAME
 from tether.model import EventStatus
+from tether.protocol import CONTROL_EVENTS, RESERVED_EVENTS
 from tether.strategies import Strategy
 
 
 @click.command()
 @click.argument("task_id")
 @click.argument("event_type")
-@click.option("--payload", help="Event payload as JSON.")
-@click.option("--priority", type=click.IntRange(0, 4), help="Override the protocol's priority.")
-@click.option("--source-event-id", help="Sender's id; a repeat is dropped (R6).")
+@click.option("--payload", metavar="JSON", callback=json_option, help="Event payload as JSON.")
+@click.option("--priority", type=click.IntRange(0, 4),
+              help="0 (most urgent) to 4; needed for a type the protocol does not list.")
+@click.option("--source-event-id", type=click.STRING, callback=lambda _c, _p, v: _sender_id(v),
+              help="Sender's id; an event repeating one already stored is dropped.")
 @harness_command
-async def emit(harness: tt.Harness, task_id: str, event_type: str, payload: str | None,
+async def emit(harness: tt.Harness, task_id: str, event_type: str, payload: Any,
                priority: int | None, source_event_id: str | None) -> None:
-    """Send an event to a task; returns once it is stored."""
-    receipt = await harness.emit(tt.Event(event_type, task_id, json_arg(payload, "--payload"),
-                                          priority=priority, source_event_id=source_event_id))
+    """Send an event to a task; returns once it is stored.
+
+    `tether protocol` lists the event types and their priorities."""
+    _check_event_type(harness, event_type, priority)
+    receipt = await harness.emit(tt.Event(event_type, task_id, payload, priority=priority,
+                                          source_event_id=source_event_id))
     echo(f"event {receipt.event_id}: {receipt.outcome}"
          + (f" ({receipt.coalesced} older coalesced)" if receipt.coalesced else ""))
+
+
+def _json_object(text: str | None, what: str) -> dict[str, Any] | None:
+    value = json_arg(text, what)
+    if value is not None and not isinstance(value, dict):
+        raise click.UsageError(f"{what} must be a JSON object, such as '{{\"source\": \"mirror\"}}'")
+    return value
+
+
+def _sender_id(value: str | None) -> str | None:
+    if value is not None and len(value) > MAX_NAME:
+        raise click.UsageError(f"--source-event-id is {len(value)} characters long; at most"
+                               f" {MAX_NAME}")
+    return value
+
+
+def _check_event_type(harness: tt.Harness, event_type: str, priority: int | None) -> None:
+    """Refuse, in the command line's words, an event type `emit` cannot send."""
+    if event_type in CONTROL_EVENTS:
+        raise tt.ReservedEventType(f"{event_type!r} is a lever, not an event: use"
+                                   f" `tether {event_type}` instead")
+    if event_type in RESERVED_EVENTS:
+        raise tt.ReservedEventType(f"{event_type!r} events are the harness's own timers;"
+                                   " no one else may send them")
+    known = harness.protocol.table()
+    if priority is None and event_type not in known:
+        raise tt.UnknownEventType(
+            f"event type {event_type!r} is not in the interruption protocol: give --priority"
+            f" 0-4 to send it anyway, or add it to the app's protocol (known: {', '.join(sorted(known))})")
 
 
 @click.command()
 @click.argument("task_id")
 @click.option("--message", help="A note for the agent, added to the dialog.")
-@click.option("--patch", help="JSON object merged into the current frame's scratch data.")
+@click.option("--patch", metavar="JSON", callback=lambda _c, _p, v: _json_object(v, "--patch"),
+              help="A JSON object merged into the current frame's scratch data (the agent's own"
+                   " working state); the task's input stays as it was submitted.")
 @harness_command
-async def resume(harness: tt.Harness, task_id: str, message: str | None, patch: str | None) -> None:
+async def resume(harness: tt.Harness, task_id: str, message: str | None,
+                 patch: dict[str, Any] | None) -> None:
     """Resume a paused, parked or failed task.
 
     A task whose side-effecting call has an unknown outcome is not resumed: say what happened
-    with `decide` instead, so the call is never repeated blindly.
+    with `decide` instead, so the call is never repeated blindly. A task submitted with the
+    wrong input is not repaired by a resume: `cancel` it and `submit` it again.
     """
-    frame_patch = json_arg(patch, "--patch")
-    if frame_patch is not None and not isinstance(frame_patch, dict):
-        raise click.BadParameter("--patch must be a JSON object")
-    receipt = await harness.resume(task_id, message=message, frame_patch=frame_patch, by=who())
+    receipt = await harness.resume(task_id, message=message, frame_patch=patch, by=who())
     await report_lever(harness, task_id, receipt, "resume")
 
 
 @click.command()
 @click.argument("task_id")
 @click.argument("outcome", type=click.Choice(DECISIONS))
-@click.option("--result", "result_json", metavar="JSON",
+@click.option("--result", "result", metavar="JSON", callback=json_option,
               help="With 'happened': the call's result, as the agent will see it.")
 @harness_command
-async def decide(harness: tt.Harness, task_id: str, outcome: str, result_json: str | None) -> None:
-    """Say what became of a call whose outcome is unknown, and carry on (R10, R26).
+async def decide(harness: tt.Harness, task_id: str, outcome: str, result: Any) -> None:
+    """Say what became of a call whose outcome is unknown, and carry on.
 
     happened: it took effect (its result is --result); nothing is run again.
     not_happened: it did not; it runs now, with the same idempotency key.
     skip: drop it; the agent sees it was skipped.
     """
-    receipt = await harness.decide(task_id, outcome, json_arg(result_json, "--result"), by=who())
+    receipt = await harness.decide(task_id, outcome, result, by=who())
     await report_lever(harness, task_id, receipt, f"decide {outcome}")
 
 
 @click.command()
 @click.argument("task_id")
-@click.option("--to", "version", type=int, required=True, help="A kept version (see `versions`).")
-@click.option("--redo-side-effects", is_flag=True, help="Run calls after the version again (E4).")
+@click.option("--to", "version", type=click.IntRange(min=1), required=True,
+              help="A kept version (see `versions`).")
+@click.option("--redo-side-effects", is_flag=True,
+              help="Run the side-effecting calls made after that version again.")
 @harness_command
 async def rollback(harness: tt.Harness, task_id: str, version: int, redo_side_effects: bool) -> None:
     """Roll a task back to a kept version."""

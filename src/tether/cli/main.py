@@ -19,6 +19,7 @@ import signal
 import tempfile
 import time
 from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,20 @@ from rich.text import Text
 import tether as tt
 from tether.agent import completion_summary
 from tether.bundle import dumps_bundle
-from tether.cli.app import DEFAULT_APP, app_harness, harness_command, json_arg, load_app, moment
-from tether.cli.integrity import Report, StoreUnreachable, check_store
+from tether.cli.app import (
+    DEFAULT_APP,
+    app_harness,
+    harness_command,
+    json_option,
+    load_app,
+    moment_option,
+    quiet_cache_log,
+    reading_command,
+    refuse_missing_store,
+    serving_command,
+    warn_if_cache_unreachable,
+)
+from tether.cli.integrity import Report, check_store
 from tether.cli.levers import LEVERS
 from tether.cli.render import (
     console,
@@ -41,6 +54,7 @@ from tether.cli.render import (
     plain,
     print_json,
     say,
+    short_time,
     shown,
     table,
     visible,
@@ -64,7 +78,7 @@ def main(ctx: click.Context, store: str, cache: str | None, app: str) -> None:
     if cache:
         os.environ["TETHER_CACHE"] = cache  # every harness this command builds uses it
     source = ctx.get_parameter_source("store")
-    ctx.obj = {"store": store, "app": app,
+    ctx.obj = {"store": store, "app": app, "cache": cache,
                "store_given": source is not click.core.ParameterSource.DEFAULT}
 
 
@@ -90,14 +104,15 @@ def migrate(ctx: click.Context) -> None:
 @main.command()
 @click.option("--keep", is_flag=True, help="Keep the demo's folder instead of deleting it.")
 def demo(keep: bool) -> None:
-    """Show all three kinds of interruption on a throwaway SQLite store."""
+    """Run the four scenarios on a throwaway SQLite store: a user cuts into a batch, a
+    worker is killed mid-refund, nested subtasks, a flaky upstream handed to a person."""
     from tether.demo import print_summary, run_demo
 
     workdir = Path(tempfile.mkdtemp(prefix="tether-demo-"))
     started = time.time()
     styled = Console()  # the demo's own text, with its markup; its data is the examples'
     try:
-        outcome = asyncio.run(run_demo(workdir, styled))
+        outcome = asyncio.run(run_demo(workdir, styled, keep=keep))
         print_summary(styled, outcome)
         styled.print(f"finished in {time.time() - started:.1f}s")
     finally:
@@ -116,25 +131,27 @@ def _app_argument(ctx: click.Context, _param: click.Parameter, value: str | None
 
 @main.command()
 @click.argument("app", required=False, expose_value=False, callback=_app_argument)
-@click.option("--concurrency", default=4, show_default=True, help="Tasks run at once.")
+@click.option("--concurrency", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Tasks run at once.")
 @click.option("--until-idle", is_flag=True, help="Exit when no task has work left.")
 @click.option("--drain-timeout", type=click.FloatRange(min=0, min_open=True),
               help="Seconds in-flight steps may take on a graceful stop (default: settings).")
 @click.option("--degraded", metavar="REASON",
-              help="Start degraded: every task runs its agent's fallback (R3).")
+              help="Start degraded: every task runs its agent's fallback.")
 @click.option("--events", envvar="TETHER_EVENTS", metavar="REDIS_URL",
               help="Also take events from the Redis Stream tether:events (consumer group).")
-@harness_command
+@serving_command
 async def worker(harness: tt.Harness, concurrency: int, until_idle: bool,
                  drain_timeout: float | None, degraded: str | None, events: str | None) -> None:
     """Claim, run and recover tasks of APP (module:harness; default --app).
 
     Any number of workers, in one process or many, may share a store. SIGTERM or
-    Ctrl-C drains (E5): no new claims, model calls in flight are cancelled (they are
+    Ctrl-C drains: no new claims, model calls in flight are cancelled (they are
     redone), side-effecting calls finish within the drain timeout, every task is
     committed and released, and the worker exits 0. A second signal exits at once;
     its tasks are then recovered by other workers when their leases expire.
     """
+    await _probe_store(harness, warn=False)  # the worker logs an outage itself, and rides it out
     if drain_timeout is not None:
         harness.settings = harness.settings.replace(drain_timeout=drain_timeout)
     if degraded:
@@ -182,7 +199,7 @@ def _on_stop_signal(stop: asyncio.Event, signum: int, harness: tt.Harness) -> No
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Interface to listen on; anything but loopback must be asked for.")
-@click.option("--port", default=8700, show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=8700, show_default=True)
 @click.option("--tokens", envvar="TETHER_TOKENS", default="",
               help="Bearer tokens and roles: 'tok1:operator,tok2:read' (or TETHER_TOKENS).")
 @click.option("--webhook-secrets", envvar="TETHER_WEBHOOK_SECRETS", default="",
@@ -193,8 +210,9 @@ def _on_stop_signal(stop: asyncio.Event, signum: int, harness: tt.Harness) -> No
               help="Proxies whose X-Forwarded-For/-Proto headers are believed (e.g. '10.0.0.5');"
                    " by default none, so no local process can pose as another client or as HTTPS.")
 @click.option("--with-worker", is_flag=True, help="Also run a worker in this process.")
-@click.option("--concurrency", default=4, show_default=True, help="Tasks that worker runs at once.")
-@harness_command
+@click.option("--concurrency", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Tasks that worker runs at once.")
+@serving_command
 async def serve(harness: tt.Harness, host: str, port: int, tokens: str, webhook_secrets: str,
                 forwarded_allow_ips: str | None, with_worker: bool, concurrency: int) -> None:
     """Serve the HTTP API (and, with --with-worker, run tasks too)."""
@@ -205,6 +223,7 @@ async def serve(harness: tt.Harness, host: str, port: int, tokens: str, webhook_
     config = ServerConfig.from_text(tokens, webhook_secrets)
     if not config.tokens:
         raise click.UsageError("give at least one token (--tokens or TETHER_TOKENS)")
+    await _probe_store(harness, warn=True)
     server = uvicorn.Server(uvicorn.Config(
         create_app(harness, config), host=host, port=port, log_level="warning",
         proxy_headers=forwarded_allow_ips is not None, forwarded_allow_ips=forwarded_allow_ips))
@@ -219,37 +238,70 @@ async def serve(harness: tt.Harness, host: str, port: int, tokens: str, webhook_
             await worker
 
 
+STARTUP_PROBE_SECONDS = 2.0
+"""How long a worker or the server waits, before it starts, to learn whether its store works."""
+
+
+async def _probe_store(harness: tt.Harness, warn: bool) -> None:
+    """Before a worker or the server starts: a store refused for good (an unknown database, a
+    login refused, a file that is no database) stops it with its one-line error; a store
+    unavailable for now is ridden out (with a warning if *warn*: requests answer 503 until
+    the store is back)."""
+    try:
+        async with asyncio.timeout(STARTUP_PROBE_SECONDS):
+            await harness.store.ping()
+    except TimeoutError:
+        return  # a store this slow is the worker's or the server's to ride out
+    except tt.StoreUnavailable as exc:
+        if warn:
+            say(("warning:", "yellow"), " ", exc, "; serving anyway: requests answer 503 until"
+                " the store is back", err=True)
+
+
 @main.command()
 @click.argument("agent")
-@click.option("--input", "input_json", help="The task's input as JSON.")
+@click.option("--input", "task_input", metavar="JSON", callback=json_option,
+              help="The task's input as JSON.")
 @click.option("--id", "task_id", help="Choose the task id (default: generated).")
-@click.option("--deadline", metavar="WHEN",
+@click.option("--deadline", metavar="WHEN", callback=moment_option,
               help="When the task must be done: seconds from now, or an ISO time with a zone.")
-@click.option("--not-before", metavar="WHEN", help="Do not start before then (same forms).")
+@click.option("--not-before", metavar="WHEN", callback=moment_option,
+              help="Do not start before then (same forms).")
 @harness_command
-async def submit(harness: tt.Harness, agent: str, input_json: str | None, task_id: str | None,
-                 deadline: str | None, not_before: str | None) -> None:
-    """Create a task for AGENT."""
-    task_id = await harness.submit(agent, json_arg(input_json, "--input"), task_id=task_id,
-                                   deadline=moment(deadline, "--deadline"),
-                                   not_before=moment(not_before, "--not-before"))
+async def submit(harness: tt.Harness, agent: str, task_input: Any, task_id: str | None,
+                 deadline: float | datetime | None, not_before: float | datetime | None) -> None:
+    """Create a task for AGENT.
+
+    A task's input cannot be changed once it is submitted: to correct it, `cancel` the task
+    and submit it again.
+    """
+    _refuse_missing_input(harness, agent, task_input)
+    task_id = await harness.submit(agent, task_input, task_id=task_id, deadline=deadline,
+                                   not_before=not_before)
     echo(task_id)
+
+
+def _refuse_missing_input(harness: tt.Harness, agent: str, task_input: Any) -> None:
+    """An agent that declares ``input_required = True`` gets no task without an input (it
+    would only fail on its first step)."""
+    if task_input is None and getattr(harness.agents.get(agent), "input_required", False):
+        raise click.UsageError(f"agent {agent!r} needs an input: give --input JSON")
 
 
 @main.command(name="ls")
 @click.option("--status", type=click.Choice([s.value for s in tt.Status]), help="Only this status.")
 @click.option("--json", "as_json", is_flag=True)
-@harness_command
+@reading_command
 async def list_tasks(harness: tt.Harness, status: str | None, as_json: bool) -> None:
-    """List tasks, newest first."""
+    """List tasks, newest first (`show ID` for one task whole)."""
     records = await harness.reads.tasks(tt.Status(status) if status else None)
     if as_json:
         print_json([{**plain(r), "status": r.status.value} for r in records])
         return
-    table(("id", "agent", "status", "version", "updated", "reason"),
-          ((r.task_id, r.agent, r.status.value, r.head_version, local_time(r.updated_at),
-            shown(r.reason or "", one_line=True, limit=60)) for r in records),
-          no_wrap=(0, 2, 4))
+    table(("id", "agent", "status", "ver", "updated", "reason"),
+          ((r.task_id, r.agent, r.status.value, r.head_version, short_time(r.updated_at),
+            shown(r.reason or "", one_line=True, limit=200)) for r in records),
+          no_wrap=(0, 2, 3, 4), cut=(1, 5), compact=True)
 
 
 SHOWN_CHARS = 400
@@ -259,9 +311,10 @@ SHOWN_CHARS = 400
 @main.command()
 @click.argument("task_id")
 @click.option("--json", "as_json", is_flag=True)
-@harness_command
+@reading_command
 async def show(harness: tt.Harness, task_id: str, as_json: bool) -> None:
-    """Where a task is: status, step, stack, current call, recovery state (R2)."""
+    """Where a task is: status, step, stack, current call, recovery state, and the due time
+    it waits for."""
     info = await harness.get(task_id)
     snap = info.snapshot
     if as_json:
@@ -274,8 +327,8 @@ async def show(harness: tt.Harness, task_id: str, as_json: bool) -> None:
     if info.record.reason:
         say("reason: ", info.record.reason)
     if info.record.wake_at is not None:
-        say(f"due for a look at {local_time(info.record.wake_at)} (a timer, deadline,"
-            " scheduled start or back-off)")
+        say(f"due for a look at {local_time(info.record.wake_at)}: ",
+            due_reason(info.record.wake_at, snap))
     if snap.deadline_at is not None:
         say(f"deadline: {local_time(snap.deadline_at)}")
     if snap.degraded or snap.worker_degraded:
@@ -295,6 +348,39 @@ async def show(harness: tt.Harness, task_id: str, as_json: bool) -> None:
         say("result: ", shown(snap.result, limit=SHOWN_CHARS))
 
 
+DUE_SAME = 0.001
+"""Seconds within which a task's due time is taken to be one of its snapshot's due times."""
+
+
+def due_reason(wake_at: float, snap: tt.Snapshot) -> str:
+    """Which of the task's due times *wake_at* is, from what its snapshot holds (see
+    :func:`tether.engine.timers.wake_time`)."""
+    for due, reason in _due_times(snap):
+        if isinstance(due, int | float) and abs(due - wake_at) < DUE_SAME:
+            return reason
+    if snap.status is tt.Status.PENDING:
+        return "its scheduled start (--not-before)"
+    return "events or a lever waiting in its inbox"
+
+
+def _due_times(snap: tt.Snapshot) -> list[tuple[Any, str]]:
+    """The due times a snapshot holds, each with what falls due then."""
+    times: list[tuple[Any, str]] = []
+    wait = snap.stack[-1].wait if snap.stack else None
+    if snap.status is tt.Status.WAITING and wait:
+        times.append((wait.get("due_at"), f"the timeout of its wait for {wait.get('event_type')}"
+                      " (a timer)"))
+    recovery = f" (recovery {snap.recovery.attempts})" if snap.recovery.attempts else ""
+    if snap.status is tt.Status.RUNNING and snap.call is not None:
+        times.append((snap.call.retry_at,
+                      f"the back-off before {snap.call.tool} is tried again{recovery}"))
+    if snap.status is tt.Status.RUNNING:
+        times.append((snap.recovery.retry_at,
+                      f"the back-off before the agent plans again{recovery}"))
+    times.append((snap.deadline_at, "its deadline (--deadline)"))
+    return times
+
+
 def usage_text(usage: Mapping[str, int]) -> str:
     """A task's model usage in one line."""
     prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
@@ -305,7 +391,7 @@ def usage_text(usage: Mapping[str, int]) -> str:
 @main.command()
 @click.argument("task_id")
 @click.option("--json", "as_json", is_flag=True)
-@harness_command
+@reading_command
 async def history(harness: tt.Harness, task_id: str, as_json: bool) -> None:
     """The task's full dialog."""
     rows = await harness.history(task_id)
@@ -327,10 +413,11 @@ def _row_content(row: Mapping[str, Any]) -> Any:
 @main.command()
 @click.argument("task_id")
 @click.option("--json", "as_json", is_flag=True)
-@harness_command
+@reading_command
 async def versions(harness: tt.Harness, task_id: str, as_json: bool) -> None:
-    """Kept snapshot versions (R14)."""
-    kept = await harness.reads.versions(tt.model.check_task_id(task_id))
+    """Kept snapshot versions (`rollback --to` takes any of them)."""
+    await harness.reads.task(tt.model.check_task_id(task_id))  # an unknown task is an error
+    kept = await harness.reads.versions(task_id)
     if as_json:
         print_json([{"version": v, "created_at": at, "bytes": size} for v, at, size in kept])
         return
@@ -340,9 +427,10 @@ async def versions(harness: tt.Harness, task_id: str, as_json: bool) -> None:
 @main.command()
 @click.argument("task_id")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True)
-@harness_command
+@reading_command
 async def export(harness: tt.Harness, task_id: str, output: str) -> None:
-    """Write the task's handoff bundle (R26) to a JSON file."""
+    """Write the task's handoff bundle (reason, failed call, dialog, events, recovery log)
+    to a JSON file."""
     bundle = await harness.export(task_id)
     Path(output).write_bytes(dumps_bundle(bundle))
     echo(f"wrote {output} ({len(bundle['history'])} dialog rows, {len(bundle['events'])} events)")
@@ -351,11 +439,13 @@ async def export(harness: tt.Harness, task_id: str, output: str) -> None:
 @main.command()
 @click.argument("app")
 @click.argument("agent")
-@click.option("--input", "input_json", help="The task's input as JSON.")
-@click.option("--seeds", default=20, show_default=True, help="How many seeded runs of each kind.")
-@click.option("--seed", type=int, help="Run only this seed (to replay a violation).")
+@click.option("--input", "task_input", metavar="JSON", callback=json_option,
+              help="The task's input as JSON.")
+@click.option("--seeds", type=click.IntRange(min=1), default=20, show_default=True,
+              help="How many seeded runs of each kind.")
+@click.option("--seed", type=click.IntRange(min=0), help="Run only this seed (to replay a violation).")
 @click.option("--only", type=click.Choice(["faults", "kills"]), help="Only one kind of run.")
-def torture(app: str, agent: str, input_json: str | None, seeds: int, seed: int | None,
+def torture(app: str, agent: str, task_input: Any, seeds: int, seed: int | None,
             only: str | None) -> None:
     """Run AGENT of APP under injected faults and worker kills; report what broke.
 
@@ -366,7 +456,7 @@ def torture(app: str, agent: str, input_json: str | None, seeds: int, seed: int 
     from tether.testing import Target
     from tether.testing import torture as run_torture
 
-    target = Target(app, agent, json_arg(input_json, "--input"))
+    target = Target(app, agent, task_input)
     first, count = (seed, 1) if seed is not None else (0, seeds)
     started = time.time()
     try:
@@ -394,7 +484,7 @@ def torture(app: str, agent: str, input_json: str | None, seeds: int, seed: int 
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def protocol(ctx: click.Context, as_json: bool) -> None:
-    """Print the interruption protocol table (R24)."""
+    """Print the interruption protocol: each event type's priority and coalescing class."""
     rules = app_harness(ctx).protocol.table()
     if as_json:
         print_json({k: {"priority": int(r.priority), "coalesce": r.coalesce}
@@ -417,14 +507,15 @@ def check(ctx: click.Context, as_json: bool) -> None:
     async def go() -> Report:
         harness = app_harness(ctx)
         try:
-            _refuse_missing_file(harness)
+            refuse_missing_store(harness)  # a check creates no store
             return await check_store(harness)
         finally:
             await harness.close()
 
     try:
-        report = asyncio.run(go())
-    except tt.TetherError as exc:  # StoreUnreachable, or a store URL that names no store
+        with quiet_cache_log(warn_if_cache_unreachable(ctx)):
+            report = asyncio.run(go())
+    except tt.TetherError as exc:  # StoreUnreachable, NoStore, or a URL that names no store
         error(exc)
         raise SystemExit(2) from None
     if as_json:
@@ -440,15 +531,6 @@ def check(ctx: click.Context, as_json: bool) -> None:
                 f", {len(report.unreadable)} task(s) with no readable version"
                 if report.unreadable else ""), "red"))
     raise SystemExit(0 if report.ok else 1)
-
-
-def _refuse_missing_file(harness: tt.Harness) -> None:
-    """A SQLite store that is not there is not created by a check."""
-    url = harness.store_url
-    if isinstance(url, str) and url.startswith("sqlite:///") and ":memory:" not in url:
-        path = Path(url.removeprefix("sqlite:///"))
-        if not path.exists():
-            raise StoreUnreachable(f"no store at {str(path)!r}: the file does not exist")
 
 
 for _lever in LEVERS:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import time
 import unicodedata
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, is_dataclass
@@ -108,13 +109,22 @@ def error(message: object) -> None:
 
 
 def table(headers: Iterable[str], rows: Iterable[Iterable[object]],
-          no_wrap: Iterable[int] = ()) -> None:
-    """Print a table whose cells are data, shown literally."""
-    out = Table(*headers)
+          no_wrap: Iterable[int] = (), cut: Iterable[int] = (), compact: bool = False) -> None:
+    """Print a table whose cells are data, shown literally.
+
+    Columns in *no_wrap* are never wrapped nor cut (ids, statuses); cells of columns in *cut*
+    stay on one line, ended with an ellipsis where the column is too narrow, and those
+    columns give up their width first. A *compact* table has no box, to fit 80 columns.
+    """
+    out = Table(*headers, box=None, pad_edge=False, header_style="bold underline") \
+        if compact else Table(*headers)
     for index in no_wrap:
         out.columns[index].no_wrap = True
+    one_line = frozenset(cut)
     for row in rows:
-        out.add_row(*(Text(shown(cell)) for cell in row))
+        out.add_row(*(Text(shown(cell, one_line=True), no_wrap=True, overflow="ellipsis")
+                      if index in one_line else Text(shown(cell))
+                      for index, cell in enumerate(row)))
     console().print(out)
 
 
@@ -127,6 +137,19 @@ def local_time(ts: Any) -> str:
         return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
     except (OverflowError, ValueError, OSError, TypeError):
         return f"{ts!r} (not a date)" if not isinstance(ts, int | float) else f"{ts:g}"
+
+
+def short_time(ts: Any, now: float | None = None) -> str:
+    """A stored timestamp in few characters, as ``ls -l`` shows them: the time of day for
+    today, month, day and time for this year, the date for older ones."""
+    full = local_time(ts)
+    if not isinstance(ts, int | float) or " " not in full:
+        return full  # never set, or not a date
+    when = datetime.fromtimestamp(ts)
+    today = datetime.fromtimestamp(time.time() if now is None else now)
+    if when.date() == today.date():
+        return when.strftime("%H:%M:%S")
+    return when.strftime("%b %d %H:%M" if when.year == today.year else "%Y-%m-%d")
 
 
 def json_text(data: Any) -> str:

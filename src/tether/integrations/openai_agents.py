@@ -83,6 +83,7 @@ class OpenAIAgentsAgent(Agent):
     docstring). *context* is the SDK's run context object, given to tools and guardrails."""
 
     commit_plans = True
+    input_required = True
 
     def __init__(self, agent: SDKAgent[Any], *, tools: Mapping[str, ToolPolicy] | None = None,
                  run_config: RunConfig | None = None, context: Any = None, stream: bool = True,

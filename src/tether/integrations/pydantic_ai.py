@@ -89,6 +89,7 @@ class PydanticAIAgent(Agent):
     """A ``pydantic_ai.Agent`` as a tether agent (see the module docstring)."""
 
     commit_plans = True
+    input_required = True
 
     def __init__(self, agent: pydantic_ai.Agent[Any, Any], *,
                  tools: Mapping[str, ToolPolicy] | None = None,
