@@ -7,14 +7,18 @@ log and so in the bundle and the API.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from _support import fast_settings
+from click.testing import CliRunner
 
 import tether as tt
+from tether.cli.main import main
 from tether.tools import TRACEBACK_CHARS, traceback_text
 
 
@@ -100,3 +104,18 @@ async def test_r23_workers_log_what_became_of_each_task_they_let_go(
     assert f"task {failed}: needs a person; released" in said
     assert any(m.startswith(f"recovery retry_backoff on task {failed}") for m in said)
     await h.close()
+
+
+async def test_r26_show_prints_the_traceback_and_who_holds_a_task(tmp_path: Path) -> None:
+    h = harness(tmp_path)
+    failed = await h.submit("support")
+    await h.run_until_idle(timeout=10)
+    held = await h.submit("support")
+    assert (await h.store.claim("worker-that-died", time.time(), 60.0)) is not None
+    await h.close()
+    env = {"TETHER_STORE": f"sqlite:///{tmp_path / 'debug.db'}"}
+    shown = await asyncio.to_thread(CliRunner().invoke, main, ["show", failed], env=env)
+    assert "traceback of the last failure:" in shown.output
+    assert "in lookup_customer" in shown.output and "not subscriptable" in shown.output
+    shown = await asyncio.to_thread(CliRunner().invoke, main, ["show", held], env=env)
+    assert "held by worker-that-died until" in shown.output

@@ -346,6 +346,15 @@ async def show(harness: tt.Harness, task_id: str, as_json: bool) -> None:
         say("error: ", snap.error)
     if snap.result is not None:
         say("result: ", shown(snap.result, limit=SHOWN_CHARS))
+    record = info.record
+    if record.lease_owner and record.lease_until:
+        say(f"held by {record.lease_owner} until {local_time(record.lease_until)}: if that"
+            " worker has died, another takes the task over then")
+    if snap.status in (tt.Status.NEEDS_HUMAN, tt.Status.FAILED):
+        traced = [r for r in await harness.reads.recovery_log(task_id) if r.get("traceback")]
+        if traced:
+            say("traceback of the last failure:")
+            say(shown(traced[-1]["traceback"]))
 
 
 DUE_SAME = 0.001
