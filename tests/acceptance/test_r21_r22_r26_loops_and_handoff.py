@@ -401,7 +401,7 @@ async def test_r22_replanning_the_same_failing_call_stops_after_the_second_failu
     record = (await h.get(tid)).record
     assert record.status is tt.Status.NEEDS_HUMAN
     assert calls["n"] == 2, calls
-    assert "R22" in (record.reason or "") and "search" in (record.reason or ""), record.reason
+    assert "fingerprint" in (record.reason or "") and "search" in (record.reason or ""), record.reason
     await h.close()
 
 
