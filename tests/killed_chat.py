@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import tether as tt
-from tether.testing.fake_openai import FakeOpenAI
+from tether.testing.fake_openai import FakeOpenAI, Reply, call, reply
 
 KILLED = -9
 
@@ -145,3 +145,12 @@ def kill_during_first_request(run: KilledRun, fake: FakeOpenAI) -> None:
     proc.send_signal(signal.SIGKILL)
     assert proc.wait(timeout=10) == KILLED
     wait_out_dead_lease(run.db)
+
+
+def slow_answer_then_refund() -> list[Reply]:
+    """A model's script for a kill mid-stream: a slow answer (6 s, for the kill to land
+    inside), then a refund call, then the final answer."""
+    return [reply("I will look into this for you now, one moment please " * 10, chunks=300,
+                  chunk_delay=0.02),
+            reply(tool_calls=[call("refund", {"order": "A1", "amount": 5})]),
+            reply("Refunded.")]

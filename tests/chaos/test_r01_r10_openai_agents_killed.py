@@ -27,7 +27,14 @@ from tether.testing.fake_openai import FakeOpenAI, call, reply
 
 sys.path.insert(0, str(Path(__file__).parents[1]))  # the child runs this file as a script
 
-from killed_chat import KilledRun, kill_during_first_request, ledger_db, paid, serve
+from killed_chat import (
+    KilledRun,
+    kill_during_first_request,
+    ledger_db,
+    paid,
+    serve,
+    slow_answer_then_refund,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -79,10 +86,7 @@ def test_r10_a_worker_killed_after_the_answer_resumes_without_a_second_completio
 def test_r01_killed_mid_stream_asks_again_and_pays_once(tmp_path: Path) -> None:
     """Killed while the answer streams: it was never committed, so it is asked for once
     more (one extra request, no extra committed answer), and nothing is paid twice."""
-    slow = reply("I will look into this for you now, one moment please " * 10, chunks=300,
-                 chunk_delay=0.02)
-    with FakeOpenAI([slow, reply(tool_calls=[call("refund", {"order": "A1", "amount": 5})]),
-                     reply("Refunded.")]) as fake:
+    with FakeOpenAI(slow_answer_then_refund()) as fake:
         run = KilledRun(__file__, build, tmp_path, fake.url, "support", "Refund 5 on A1", 40)
         run.submit()
         kill_during_first_request(run, fake)

@@ -32,7 +32,7 @@ from tether.testing.fake_openai import FakeOpenAI, call, reply
 
 sys.path.insert(0, str(Path(__file__).parents[1]))  # the child runs this file as a script
 
-from killed_chat import KilledRun, kill_during_first_request, paid, serve
+from killed_chat import KilledRun, kill_during_first_request, paid, serve, slow_answer_then_refund
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -85,10 +85,7 @@ def test_r10_killed_around_the_tool_costs_no_extra_request_and_no_second_refund(
 
 
 def test_r01_killed_mid_stream_asks_again_and_pays_once(tmp_path: Path) -> None:
-    slow = reply("I will look into this for you now, one moment please " * 10, chunks=300,
-                 chunk_delay=0.02)
-    with FakeOpenAI([slow, reply(tool_calls=[call("refund", {"order": "A1", "amount": 5})]),
-                     reply("Refunded.")]) as fake:
+    with FakeOpenAI(slow_answer_then_refund()) as fake:
         run = KilledRun(__file__, build, tmp_path, fake.url, "support", "Refund 5 on A1")
         run.submit()
         kill_during_first_request(run, fake)
