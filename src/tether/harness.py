@@ -58,6 +58,8 @@ from tether.store import Store, open_store
 from tether.telemetry import Telemetry
 from tether.tools import RetryPolicy, Tool, ToolFn
 
+KEEP_INPUT: Any = object()
+"""The default of :meth:`Harness.resume`'s *input*: the task keeps the input it has."""
 CAPTURED_HEADS = 64
 """Rollback targets this process keeps in memory for its own workers (oldest dropped first)."""
 Notifier = Callable[[dict[str, Any]], Awaitable[None] | None]
@@ -264,8 +266,12 @@ class Harness:
 
     async def resume(self, task_id: str, message: str | None = None,
                      frame_patch: dict[str, Any] | None = None,
-                     source_event_id: str | None = None, *, by: str | None = None) -> EmitReceipt:
-        """Resume a paused, parked or failed task, optionally with a message or frame patch.
+                     source_event_id: str | None = None, *, by: str | None = None,
+                     input: Any = KEEP_INPUT) -> EmitReceipt:
+        """Resume a paused, parked or failed task, optionally with a message, a frame patch,
+        or a corrected *input* (the task's input is replaced; the old one stays in the
+        dialog, and the agent plans again from where the task stopped, with its idempotency
+        keys, so what already happened is not repeated).
 
         Refused (:class:`InDoubtCall`) while a side-effecting call's outcome is unknown: a
         person must say what happened with :meth:`decide`, or it could be repeated blindly.
@@ -275,6 +281,8 @@ class Harness:
         if call is not None and not info.snapshot.status.is_terminal:
             raise InDoubtCall(in_doubt_message(task_id, call))
         payload = {"message": message, "frame_patch": frame_patch, "by": _who(by)}
+        if input is not KEEP_INPUT:
+            payload["input"] = _to_plain(input, self.settings.max_payload_bytes, "input")
         return await self._control(Event("resume", task_id, payload,
                                          source_event_id=source_event_id))
 

@@ -6,6 +6,7 @@ uvicorn serves ``tether.web.server.create_app`` on a free port; httpx talks to i
 from __future__ import annotations
 
 import asyncio
+import html
 import re
 import socket
 import time
@@ -238,7 +239,10 @@ async def test_r26_the_console_lists_shows_and_steers_tasks_for_an_operator(api)
                       headers=origin)
     versions = await harness.store.list_versions("t1")
     diff = await client.get(f"/console/tasks/t1/diff?a={versions[0][0]}&b={versions[-1][0]}")
-    assert diff.status_code == 200 and "+++ version" in diff.text
+    shown = html.unescape(diff.text)  # side by side: the old line red on the left, the new green
+    assert diff.status_code == 200
+    assert '<td class="old"><pre>  "status": "pending",</pre>' in shown
+    assert '<td class="new"><pre>  "status": "waiting",</pre>' in shown
     page = await client.get("/console/tasks/t1")
     done = await client.post("/console/tasks/t1/cancel", data={"csrf": csrf_of(page.text)},
                              headers=origin)
@@ -344,7 +348,7 @@ async def test_r26_the_console_timeline_gives_times_durations_and_marks_rollback
 def test_r26_the_timeline_merges_recovery_records_by_time_with_a_marker_per_kind() -> None:
     """Dialog rows and recovery records in time order; crash, rollback, person and other
     recoveries each with their own marker; durations measured from the entry before."""
-    from tether.web.console import _timeline
+    from tether.web.timeline import timeline as _timeline
     rows = [{"role": "assistant", "content": "a", "at": 100.0},
             {"role": "assistant", "content": "b", "at": 103.5},
             {"role": "event", "type": "decide", "content": {"outcome": "skip"}, "at": 190.0}]

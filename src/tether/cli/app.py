@@ -242,3 +242,23 @@ def who() -> str:
     except (OSError, KeyError):  # no login name (a container with an unnamed uid)
         user = f"uid{os.getuid()}" if hasattr(os, "getuid") else "unknown"
     return f"cli:{user}"[:200]
+
+
+STARTUP_PROBE_SECONDS = 2.0
+"""How long a worker or the server waits, before it starts, to learn whether its store works."""
+
+
+async def probe_store(harness: tt.Harness, warn: bool) -> None:
+    """Before a worker or the server starts: a store refused for good (an unknown database, a
+    login refused, a file that is no database) stops it with its one-line error; a store
+    unavailable for now is ridden out (with a warning if *warn*: requests answer 503 until
+    the store is back)."""
+    try:
+        async with asyncio.timeout(STARTUP_PROBE_SECONDS):
+            await harness.store.ping()
+    except TimeoutError:
+        return  # a store this slow is the worker's or the server's to ride out
+    except tt.StoreUnavailable as exc:
+        if warn:
+            say(("warning:", "yellow"), " ", exc, "; serving anyway: requests answer 503 until"
+                " the store is back", err=True)

@@ -76,17 +76,24 @@ def _check_event_type(harness: tt.Harness, event_type: str, priority: int | None
 @click.option("--message", help="A note for the agent, added to the dialog.")
 @click.option("--patch", metavar="JSON", callback=lambda _c, _p, v: _json_object(v, "--patch"),
               help="A JSON object merged into the current frame's scratch data (the agent's own"
-                   " working state); the task's input stays as it was submitted.")
+                   " working state).")
+@click.option("--input", "new_input", metavar="JSON",
+              callback=lambda _c, _p, v: None if v is None else (json_arg(v, "--input"),),
+              help="A corrected input for the task, in place of the one it was submitted with"
+                   " (the old one stays in its history).")
 @harness_command
 async def resume(harness: tt.Harness, task_id: str, message: str | None,
-                 patch: dict[str, Any] | None) -> None:
+                 patch: dict[str, Any] | None, new_input: tuple[Any] | None) -> None:
     """Resume a paused, parked or failed task.
 
     A task whose side-effecting call has an unknown outcome is not resumed: say what happened
     with `decide` instead, so the call is never repeated blindly. A task submitted with the
-    wrong input is not repaired by a resume: `cancel` it and `submit` it again.
+    wrong input is repaired with --input: the agent plans again from where it stopped, and
+    what already happened is not repeated.
     """
-    receipt = await harness.resume(task_id, message=message, frame_patch=patch, by=who())
+    corrected = {} if new_input is None else {"input": new_input[0]}
+    receipt = await harness.resume(task_id, message=message, frame_patch=patch, by=who(),
+                                   **corrected)
     await report_lever(harness, task_id, receipt, "resume")
 
 

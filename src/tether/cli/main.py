@@ -38,6 +38,7 @@ from tether.cli.app import (
     json_option,
     load_app,
     moment_option,
+    probe_store,
     quiet_cache_log,
     reading_command,
     refuse_missing_store,
@@ -60,6 +61,8 @@ from tether.cli.render import (
     visible,
     visible_logs,
 )
+from tether.cli.serve import serve
+from tether.cli.watch import watch
 from tether.store import DEFAULT_URL, open_store
 
 __all__ = ["load_app", "main"]
@@ -151,7 +154,7 @@ async def worker(harness: tt.Harness, concurrency: int, until_idle: bool,
     committed and released, and the worker exits 0. A second signal exits at once;
     its tasks are then recovered by other workers when their leases expire.
     """
-    await _probe_store(harness, warn=False)  # the worker logs an outage itself, and rides it out
+    await probe_store(harness, warn=False)  # the worker logs an outage itself, and rides it out
     if drain_timeout is not None:
         harness.settings = harness.settings.replace(drain_timeout=drain_timeout)
     if degraded:
@@ -197,68 +200,6 @@ def _on_stop_signal(stop: asyncio.Event, signum: int, harness: tt.Harness) -> No
 
 
 @main.command()
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Interface to listen on; anything but loopback must be asked for.")
-@click.option("--port", type=click.IntRange(0, 65535), default=8700, show_default=True)
-@click.option("--tokens", envvar="TETHER_TOKENS", default="",
-              help="Bearer tokens and roles: 'tok1:operator,tok2:read' (or TETHER_TOKENS).")
-@click.option("--webhook-secrets", envvar="TETHER_WEBHOOK_SECRETS", default="",
-              help="Webhook sources, secrets (16+ bytes) and the event types each may send:"
-                   " 'github:SECRET:approval|upstream_ready,billing:SECRET:*'; without a list,"
-                   " any type but the levers (or TETHER_WEBHOOK_SECRETS).")
-@click.option("--forwarded-allow-ips", default=None,
-              help="Proxies whose X-Forwarded-For/-Proto headers are believed (e.g. '10.0.0.5');"
-                   " by default none, so no local process can pose as another client or as HTTPS.")
-@click.option("--with-worker", is_flag=True, help="Also run a worker in this process.")
-@click.option("--concurrency", type=click.IntRange(min=1), default=4, show_default=True,
-              help="Tasks that worker runs at once.")
-@serving_command
-async def serve(harness: tt.Harness, host: str, port: int, tokens: str, webhook_secrets: str,
-                forwarded_allow_ips: str | None, with_worker: bool, concurrency: int) -> None:
-    """Serve the HTTP API (and, with --with-worker, run tasks too)."""
-    import uvicorn
-
-    from tether.web.server import ServerConfig, create_app
-
-    config = ServerConfig.from_text(tokens, webhook_secrets)
-    if not config.tokens:
-        raise click.UsageError("give at least one token (--tokens or TETHER_TOKENS)")
-    await _probe_store(harness, warn=True)
-    server = uvicorn.Server(uvicorn.Config(
-        create_app(harness, config), host=host, port=port, log_level="warning",
-        proxy_headers=forwarded_allow_ips is not None, forwarded_allow_ips=forwarded_allow_ips))
-    stop = asyncio.Event()
-    worker = asyncio.create_task(harness.serve(concurrency, stop=stop)) if with_worker else None
-    try:
-        with visible_logs(harness.log):
-            await server.serve()
-    finally:
-        stop.set()
-        if worker is not None:
-            await worker
-
-
-STARTUP_PROBE_SECONDS = 2.0
-"""How long a worker or the server waits, before it starts, to learn whether its store works."""
-
-
-async def _probe_store(harness: tt.Harness, warn: bool) -> None:
-    """Before a worker or the server starts: a store refused for good (an unknown database, a
-    login refused, a file that is no database) stops it with its one-line error; a store
-    unavailable for now is ridden out (with a warning if *warn*: requests answer 503 until
-    the store is back)."""
-    try:
-        async with asyncio.timeout(STARTUP_PROBE_SECONDS):
-            await harness.store.ping()
-    except TimeoutError:
-        return  # a store this slow is the worker's or the server's to ride out
-    except tt.StoreUnavailable as exc:
-        if warn:
-            say(("warning:", "yellow"), " ", exc, "; serving anyway: requests answer 503 until"
-                " the store is back", err=True)
-
-
-@main.command()
 @click.argument("agent")
 @click.option("--input", "task_input", metavar="JSON", callback=json_option,
               help="The task's input as JSON.")
@@ -272,8 +213,8 @@ async def submit(harness: tt.Harness, agent: str, task_input: Any, task_id: str 
                  deadline: float | datetime | None, not_before: float | datetime | None) -> None:
     """Create a task for AGENT.
 
-    A task's input cannot be changed once it is submitted: to correct it, `cancel` the task
-    and submit it again.
+    A task that stops on a wrong input is repaired with `resume ID --input JSON`: it goes on
+    from where it stopped, and what already happened is not repeated.
     """
     _refuse_missing_input(harness, agent, task_input)
     task_id = await harness.submit(agent, task_input, task_id=task_id, deadline=deadline,
@@ -544,3 +485,5 @@ def check(ctx: click.Context, as_json: bool) -> None:
 
 for _lever in LEVERS:
     main.add_command(_lever)
+main.add_command(watch)
+main.add_command(serve)

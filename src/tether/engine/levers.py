@@ -9,6 +9,7 @@ the version it goes back to unless asked to (E4).
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Any
 
@@ -73,7 +74,7 @@ async def human_resume(task: RunningTask, event: Event) -> None:
     undecided = call_awaiting_decision(snap, task.tools)
     if undecided is not None and not snap.status.is_terminal:
         raise InDoubtCall(in_doubt_message(snap.task_id, undecided))
-    amended = bool(payload.get("message") or payload.get("frame_patch"))
+    amended = bool(payload.get("message") or payload.get("frame_patch") or "input" in payload)
     if snap.status not in (Status.PAUSED, Status.NEEDS_HUMAN, Status.FAILED, Status.WAITING):
         if amended and snap.status is Status.RUNNING:
             _amend(task, payload)
@@ -103,11 +104,18 @@ async def human_resume(task: RunningTask, event: Event) -> None:
 
 
 def _amend(task: RunningTask, payload: dict[str, Any]) -> None:
-    """Add a person's message to the dialog and merge their patch into the current frame."""
+    """Add a person's message to the dialog, merge their patch into the current frame, and
+    put their corrected input in place of the task's (the old one stays in the dialog)."""
     if payload.get("message"):
         task.append_history({"role": "user", "type": "resume", "content": payload["message"]})
     if payload.get("frame_patch"):
         task.snap.frame.scratch.update(payload["frame_patch"])
+    if "input" in payload:
+        snap = task.snap
+        task.append_history({"role": "user", "type": "input", "content": payload["input"],
+                             "replaced": snap.input, "by": payload.get("by")})
+        snap.input = payload["input"]
+        snap.stack[0].input = copy.deepcopy(payload["input"])
 
 
 def _settle_call_for_resume(task: RunningTask, amended: bool) -> None:

@@ -12,24 +12,31 @@ Open without signing in: only the sign-in page itself (``GET /console``).
 
 from __future__ import annotations
 
-import difflib
 import secrets
 import time
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 from urllib.parse import quote, urlencode
 
 import orjson
 
-from tether.agent import completion_summary
 from tether.engine.decisions import DECISIONS, Decision
 from tether.engine.timers import local_time
 from tether.errors import TaskNotFound, TetherError, VersionNotFound
 from tether.harness import Harness
 from tether.model import LARGEST_COUNT, CallStatus, Event, Status
 from tether.protocol import RESERVED_EVENTS
-from tether.web.security import FailureLimiter, Role, TokenTable, client_of, operator_id
+from tether.watching import Position
+from tether.web.live import StreamSlots, stream_response
+from tether.web.security import (
+    FailureLimiter,
+    HTTPRefusal,
+    Role,
+    TokenTable,
+    client_of,
+    operator_id,
+)
+from tether.web.timeline import LiveShape, pretty, side_by_side, timeline, version_labels
 
 try:
     from fastapi import FastAPI, Form, Query, Request
@@ -61,10 +68,12 @@ _templates = Environment(loader=PackageLoader("tether.web", "templates"),
 
 
 def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
-                    limiter: FailureLimiter, session_ttl: float = 8 * 3600) -> None:
+                    limiter: FailureLimiter, session_ttl: float = 8 * 3600,
+                    slots: StreamSlots | None = None) -> None:
     """Add the console's pages to the API app."""
     table = TokenTable(tokens)
     sessions = Sessions(session_ttl)
+    streams = slots or StreamSlots()
 
     def session_of(request: Request) -> Session | None:
         return sessions.get(request.cookies.get(SESSION_COOKIE))
@@ -177,8 +186,9 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
         wait = snap.frame.wait if snap.stack else None
         return page("task.html", request, session, record=info.record, snap=snap,
                     version=info.version, history=history,
-                    timeline=_timeline(history, recoveries),
-                    versions=[{"version": v} for v, _, _ in await reads.versions(task_id)],
+                    timeline=timeline(history, recoveries),
+                    position=Position(len(history), len(recoveries)),
+                    versions=await version_labels(harness, task_id),
                     events=await reads.events(task_id),
                     calls=await reads.calls(task_id),
                     recoveries=recoveries, in_doubt=in_doubt, operator=operator,
@@ -188,8 +198,30 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
                     can_send=operator and not status.is_terminal,
                     awaited=str(wait["event_type"]) if operator and wait
                     and status is Status.WAITING else None,
-                    event_types=_event_types(harness),
-                    describe=_describe, detail=_detail)
+                    event_types=_event_types(harness))
+
+    @app.get("/console/tasks/{task_id}/stream", include_in_schema=False)
+    async def stream(request: Request, task_id: str, after: str = Query("", max_length=20)
+                     ) -> Response:
+        """The task page's live feed: timeline entries shaped as the page shows them."""
+        session = session_of(request)
+        if session is None:
+            return Response("sign in again", 401)
+        try:
+            position = Position.parse(request.headers.get("last-event-id") or after)
+            history = await harness.history(task_id)
+            shown = [row.get("at") for row in history[:position.rows]]
+            previous = next((float(a) for a in reversed(shown) if isinstance(a, int | float)),
+                            None)
+            return await stream_response(harness, task_id, str(position), streams,
+                                         until_finished=False,
+                                         shape=LiveShape(position.rows, previous))
+        except TaskNotFound:
+            return Response(f"no task {task_id!r}", 404)
+        except HTTPRefusal as exc:
+            return Response(str(exc), exc.status, headers=exc.headers)
+        except TetherError as exc:
+            return Response(str(exc), 400)
 
     @app.get("/console/tasks/{task_id}/diff", response_class=HTMLResponse, include_in_schema=False)
     async def diff(request: Request, task_id: str, a: int = Query(ge=1, le=LARGEST_COUNT),
@@ -198,12 +230,13 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
         if session is None:
             return RedirectResponse("/console", 303)
         try:
-            old, new = (await _pretty(harness, task_id, a)), (await _pretty(harness, task_id, b))
+            old, new = (await pretty(harness, task_id, a)), (await pretty(harness, task_id, b))
         except (TaskNotFound, VersionNotFound):
             return not_found(request, session, f"Task {task_id!r} has no version {a} or {b}.")
-        lines = list(difflib.unified_diff(old, new, f"version {a}", f"version {b}", lineterm=""))
-        return page("diff.html", request, session, task_id=task_id, a=a, b=b,
-                    lines=lines or ["(no difference)"])
+        rows = side_by_side(old, new)
+        changed = sum(row["kind"] not in ("same", "fold") for row in rows)
+        return page("diff.html", request, session, task_id=task_id, a=a, b=b, rows=rows,
+                    changed=changed)
 
     @app.get("/console/tasks/{task_id}/bundle", include_in_schema=False)
     async def bundle(request: Request, task_id: str) -> Response:
@@ -251,7 +284,9 @@ async def _pull(harness: Harness, task_id: str, lever: str, form: Any, by: str) 
         version = int(str(form.get("version")))
         if not 1 <= version <= LARGEST_COUNT:
             raise ValueError(f"no version {version}")
-        await harness.rollback(task_id, version, by=by)
+        redo = form.get("redo_side_effects") == "1"
+        await harness.rollback(task_id, version, redo, by=by)
+        return f"rollback to version {version} sent" + (" (side effects redone)" if redo else "")
     elif lever == "cancel":
         await harness.cancel(task_id, by=by)
     elif lever == "decide":
@@ -310,76 +345,6 @@ def _event_types(harness: Harness) -> list[str]:
     return sorted(t for t in harness.protocol.table() if t not in RESERVED_EVENTS)
 
 
-MARKERS = {"resume": "crash", "fallback_version": "crash", "rollback": "rollback",
-           "rollback_refused": "rollback", "amend": "person"}
-"""How a recovery record is marked in the timeline (``human_*`` records are a person's)."""
-
-
-def _marker(strategy: str) -> str:
-    if strategy.startswith("human_"):
-        return "person"
-    return MARKERS.get(strategy, "recovery")
-
-
-_PERSON_ROWS = {("event", "decide"), ("event", "cancel"), ("user", "resume")}
-
-
-def _timeline(history: list[dict[str, Any]], recoveries: list[dict[str, Any]]
-              ) -> list[dict[str, Any]]:
-    """Dialog rows and recovery records in one list, by time, each with its time and the
-    time since the entry before it; crashes, rollbacks and people's acts marked."""
-    pending = sorted((r for r in recoveries if isinstance(r.get("at"), int | float)),
-                     key=lambda r: float(r["at"]))
-    undated = [r for r in recoveries if not isinstance(r.get("at"), int | float)]
-    merged: list[tuple[str, dict[str, Any]]] = []
-    for row in history:
-        at = row.get("at")
-        while pending and isinstance(at, int | float) and float(pending[0]["at"]) <= at:
-            merged.append(("recovery", pending.pop(0)))
-        merged.append(("row", row))
-    merged.extend(("recovery", r) for r in pending + undated)
-    entries: list[dict[str, Any]] = []
-    previous: float | None = None
-    step = 0
-    for kind, item in merged:
-        at = item.get("at")
-        stamp = float(at) if isinstance(at, int | float) else None
-        entry: dict[str, Any] = {
-            "at": stamp, "time": _clock(stamp), "full": local_time(stamp) if stamp else "",
-            "delta": _duration(stamp - previous) if stamp is not None and previous is not None
-            else "", "traceback": item.get("traceback")}
-        if kind == "row":
-            step += 1
-            person = (item.get("role"), item.get("type")) in _PERSON_ROWS
-            entry.update(n=step, what=_describe(item), detail=_detail(item),
-                         marker="person" if person else "")
-        else:
-            strategy = str(item.get("resume_strategy") or "recovery")
-            entry.update(n="", what=strategy.replace("_", " "),
-                         detail=str(item.get("detail") or ""), marker=_marker(strategy))
-        entries.append(entry)
-        previous = stamp if stamp is not None else previous
-    return entries
-
-
-def _clock(at: float | None) -> str:
-    if at is None:
-        return ""
-    return datetime.fromtimestamp(at).astimezone().strftime("%H:%M:%S.%f")[:-3]
-
-
-def _duration(seconds: float) -> str:
-    """A step's duration as people read it: +0.25 s, +3.2 s, +4 min 10 s, +2 h 5 min."""
-    seconds = max(seconds, 0.0)
-    if seconds < 10:
-        return f"+{seconds:.2f} s" if seconds < 1 else f"+{seconds:.1f} s"
-    if seconds < 60:
-        return f"+{seconds:.0f} s"
-    if seconds < 3600:
-        return f"+{int(seconds // 60)} min {int(seconds % 60)} s"
-    return f"+{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
-
-
 def _ago(at: float, now: float | None = None) -> str:
     """A past time relative to now: just now, 5 s ago, 3 min ago, 2 h ago, 4 d ago."""
     seconds = max((now if now is not None else time.time()) - at, 0.0)
@@ -432,37 +397,6 @@ async def _listing(harness: Harness, status: Status | None, agent: str = "", q: 
     return chosen[start:start + PAGE_SIZE], len(chosen) > start + PAGE_SIZE
 
 
-async def _pretty(harness: Harness, task_id: str, version: int) -> list[str]:
-    _, head = await harness.reads.head(task_id, version)
-    return orjson.dumps(orjson.loads(head), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS
-                        ).decode().splitlines()
-
-
 def _back(session: Session, task_id: str, message: str, error: bool) -> Response:
     session.flash[:] = [*session.flash[-4:], (message[:500], error)]
     return RedirectResponse(f"/console/tasks/{quote(task_id, safe='')}", 303)
-
-
-def _describe(row: Mapping[str, Any]) -> str:
-    if "tool_call" in row:
-        return f"tool call {row['tool_call']['name']}"
-    if row.get("role") == "tool":
-        return f"{row.get('name')} {'failed' if 'error' in row else 'returned'}"
-    if row.get("role") in ("user", "event"):
-        return f"event {row.get('type')}"
-    if row.get("role") == "assistant":
-        return "reply (cut off)" if row.get("cut_off") else "reply"
-    if row.get("role") == "model":
-        return "model call"
-    return str(row.get("event") or row.get("role"))
-
-
-def _detail(row: Mapping[str, Any]) -> str:
-    if "tool_call" in row:
-        call = row["tool_call"]
-        return f"key {call['key']}  args {orjson.dumps(call['args']).decode()[:300]}"
-    if row.get("role") == "model":
-        return completion_summary(row)
-    value = row.get("error") or row.get("content")
-    text = value if isinstance(value, str) else orjson.dumps(value).decode()
-    return text[:500]

@@ -57,6 +57,7 @@ from tether.harness import Harness
 from tether.model import LARGEST_COUNT, EmitReceipt, Event, Status
 from tether.protocol import RESERVED_EVENTS
 from tether.web.console import install_console
+from tether.web.live import StreamSlots, stream_response
 from tether.web.security import (
     EdgeGuard,
     FailureLimiter,
@@ -81,7 +82,7 @@ from tether.web.webhooks import (
 try:
     from fastapi import FastAPI, Header, Query, Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, Response
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
     from fastapi.routing import APIRoute
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -169,6 +170,9 @@ class NewEvent(BaseModel):
 class Resume(BaseModel):
     message: str | None = None
     patch: dict[str, Any] | None = None
+    input: Any = Field(None, description=(
+        "A corrected task input, in place of the one submitted (the old one stays in the"
+        " dialog); leave it out to keep the input"))
 
 
 class Rollback(BaseModel):
@@ -227,7 +231,9 @@ def create_app(harness: Harness, config: ServerConfig) -> FastAPI:
     app.add_middleware(EdgeGuard, tokens=TokenTable(config.tokens), limiter=limiter,
                        max_body=config.max_body)
     _install_errors(app)
-    install_console(app, harness, config.tokens, limiter, config.session_ttl)
+    slots = StreamSlots()
+    app.state.streams = slots
+    install_console(app, harness, config.tokens, limiter, config.session_ttl, slots)
     sources: Mapping[str, WebhookSource] = config.webhook_sources  # type: ignore[assignment]
 
     @app.get("/healthz")
@@ -258,6 +264,16 @@ def create_app(harness: Harness, config: ServerConfig) -> FastAPI:
         await harness.reads.task(task_id)
         return [{"version": v, "created_at": at, "bytes": size}
                 for v, at, size in await harness.reads.versions(task_id)]
+
+    @app.get("/api/tasks/{task_id}/stream", response_class=StreamingResponse)
+    async def stream(task_id: str, after: str | None = Query(None, max_length=20),
+                     last_event_id: str | None = Header(None, max_length=20)
+                     ) -> StreamingResponse:
+        """The task's committed changes as server-sent events, until it finishes: ``state``
+        (status, version, step, lease), ``row`` (a dialog row), ``recovery`` (a recovery
+        record), ``reset`` (a rollback: the dialog starts again) and ``end``. Each event's
+        id is the position to go on from (``Last-Event-ID`` or ``?after=``)."""
+        return await stream_response(harness, task_id, last_event_id or after, slots)
 
     @app.get("/api/tasks/{task_id}/events")
     async def events(task_id: str) -> list[dict[str, Any]]:
@@ -301,8 +317,9 @@ def create_app(harness: Harness, config: ServerConfig) -> FastAPI:
 
     @app.post("/api/tasks/{task_id}/resume", status_code=202)
     async def resume(task_id: str, body: Resume, request: Request) -> dict[str, Any]:
+        new_input = {"input": body.input} if "input" in body.model_fields_set else {}
         return await _lever(harness, task_id, harness.resume(
-            task_id, body.message, body.patch, by=_by(request)))
+            task_id, body.message, body.patch, by=_by(request), **new_input))
 
     @app.post("/api/tasks/{task_id}/decide", status_code=202)
     async def decide(task_id: str, body: Decide, request: Request) -> dict[str, Any]:
