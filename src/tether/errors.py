@@ -19,6 +19,14 @@ class ConfigurationError(TetherError):
     """The harness is misconfigured: check the settings, protocol table and registrations."""
 
 
+class MissingExtra(ConfigurationError):
+    """An optional part of tether is used without the libraries it needs."""
+
+    def __init__(self, what: str, extra: str) -> None:
+        super().__init__(f"{what}: install tether's {extra!r} extra (in tether's clone:"
+                         f" pip install -e '.[{extra}]')")
+
+
 class StoreURLError(ConfigurationError):
     """The store URL is not understood; use sqlite:///path.db or memory://."""
 

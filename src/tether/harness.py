@@ -22,6 +22,8 @@ from tether import blobs
 from tether.agent import Agent
 from tether.bundle import dumps_bundle, export_bundle
 from tether.engine.decisions import DECISIONS, Decision, call_awaiting_decision, in_doubt_message
+from tether.engine.forking import ForkPlan
+from tether.engine.forking import fork as fork_task
 from tether.engine.inbox import Inbox
 from tether.engine.loading import newest_readable
 from tether.engine.runner import Runner
@@ -325,6 +327,22 @@ class Harness:
         payload = {"version": version, "redo_side_effects": redo_side_effects, "by": _who(by)}
         event = Event("rollback", task_id, payload)
         return await self._control(event, captured=(version, head))
+
+    async def fork(self, task_id: str, version: int | None = None, *,
+                   new_task_id: str | None = None, redo_side_effects: bool = False,
+                   by: str | None = None) -> str:
+        """A new task from kept *version* (default: the newest) of *task_id*; its id.
+
+        The fork has its own id and idempotency keys and the source's dialog up to that
+        version; the source is untouched. A call the source already made is not made again
+        unless *redo_side_effects* (see :mod:`tether.engine.forking`)."""
+        source = await self.store.get_task(check_task_id(task_id))
+        version = source.head_version if version is None else check_count(version, "version")
+        fork_id = new_id() if new_task_id is None else check_task_id(new_task_id)
+        plan = ForkPlan(task_id, version, fork_id, _who(by), redo_side_effects)
+        await fork_task(self.store, self.settings, plan, f"fork:{self.worker_id}")
+        self.work_arrived.set()
+        return fork_id
 
     def degrade(self, detail: dict[str, Any] | str) -> None:
         """Degrade this whole worker (a model provider is down, say): each task it runs

@@ -14,7 +14,7 @@ from typing import Any
 
 from tether import blobs
 from tether.model import IdempotencyRecord, Status, TaskRecord
-from tether.store import ReadStore, StoredEvent
+from tether.store import ReadStore, StoredEvent, TaskQuery
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,10 @@ class TaskReader:
         """Tasks, newest first, optionally of one status; at most *limit* of them, so a
         listing stays bounded however many tasks the store holds."""
         return await self.store.list_tasks(status, limit)
+
+    async def find(self, query: TaskQuery) -> list[TaskRecord]:
+        """One page of tasks as a person browses them (see :meth:`Store.find_tasks`)."""
+        return await self.store.find_tasks(query)
 
     async def counts(self) -> dict[str, int]:
         """How many tasks are in each status (a status with none may be left out)."""

@@ -61,6 +61,8 @@ class Strategy(enum.StrEnum):
     RESUME_IGNORED = "resume_ignored"
     ROLLBACK = "rollback"
     ROLLBACK_REFUSED = "rollback_refused"
+    FORK = "fork"
+    """This task was forked from a kept version of another (the first record of a fork)."""
     CANCEL_FAILED = "cancel_failed"
     RESUME_FAILED = "resume_failed"
     ROLLBACK_FAILED = "rollback_failed"

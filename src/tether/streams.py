@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from tether.errors import ConfigurationError, InboxFull, StoreError, TetherError
+from tether.errors import InboxFull, MissingExtra, StoreError, TetherError
 from tether.model import Event
 from tether.reading import TaskReader
 
@@ -41,7 +41,7 @@ try:
     import redis.asyncio as aioredis
     from redis.exceptions import RedisError, ResponseError
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ConfigurationError("Redis Streams need redis-py: pip install 'tether[redis]'") from exc
+    raise MissingExtra("Redis Streams need redis-py", "redis") from exc
 
 if TYPE_CHECKING:
     from tether.harness import Harness

@@ -125,3 +125,27 @@ def test_resume_names_the_cli_user(cli, tmp_path: Path, monkeypatch: pytest.Monk
     bundle = json.loads((tmp_path / "bundle.json").read_text())
     resumed = [r for r in bundle["recovery_log"] if r["resume_strategy"] == "human_resume"]
     assert len(resumed) == 1 and f"resumed by {ME}" in resumed[0]["detail"]
+
+
+def test_fork_starts_a_new_task_from_a_kept_version_and_names_who(
+        cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """`tether fork` from the parked version, after a person said the refund happened: the
+    fork finishes from the source's record (the refund is not made again) and its first
+    recovery record names the source, the version and who forked it."""
+    task_id = parked_in_doubt(cli, tmp_path)
+    parked = json.loads(cli("versions", task_id, "--json"))[-1]["version"]
+    cli("decide", task_id, "happened", "--result", '{"refunded": 30}')
+    cli("worker", "--until-idle")
+    assert cli("fork", task_id, "--from", str(parked), "--id", "refund-again") == "refund-again"
+    cli("worker", "--until-idle")
+    shown = json.loads(cli("show", "refund-again", "--json"))["snapshot"]
+    assert shown["status"] == "completed"
+    assert shown["result"]["result"] == {"refunded": 30}
+    assert len((tmp_path / "ledger.txt").read_text().split()) == 1  # not refunded again
+    cli("export", "refund-again", "-o", str(tmp_path / "fork.json"))
+    first = json.loads((tmp_path / "fork.json").read_text())["recovery_log"][0]
+    assert first["resume_strategy"] == "fork" and ME in first["detail"]
+    assert f"forked from task {task_id} version {parked}" in first["detail"]
+    assert "already exists" in cli("fork", task_id, "--id", "refund-again", code=1)
+    assert "no task 'ghost'" in cli("fork", "ghost", code=1)
+    assert "is not kept" in cli("fork", task_id, "--from", "999", code=1)

@@ -129,10 +129,10 @@ async def test_r26_a_person_decides_a_parked_call_and_rolls_the_task_back_in_the
 
         before = int(await page.locator("#version").inner_text())
         first = (await harness.store.list_versions(parked))[0][0]
-        await page.select_option("select[name=version]", str(first))
+        await page.select_option("form[action$=rollback] select[name=version]", str(first))
         async with page.expect_navigation():
             await page.click("text=Roll back")
-        await page.locator(".flash", has_text="rollback sent").wait_for()
+        await page.locator(".flash", has_text="rollback to version").wait_for()
         after = int(await page.locator("#version").inner_text())
         assert after > before
         async with page.expect_navigation():
@@ -197,7 +197,7 @@ async def test_r26_a_person_sends_an_event_and_sees_the_rollback_marked_in_the_t
         await page.select_option("form[action$=rollback] select[name=version]", str(first_version))
         async with page.expect_navigation():
             await page.click("text=Roll back")
-        await page.locator(".flash", has_text="rollback sent").wait_for()
+        await page.locator(".flash", has_text="rollback to version").wait_for()
         marked = page.locator("table.timeline tr.mark-rollback")
         await marked.first.wait_for()
         assert "rolled back to version" in await marked.first.inner_text()

@@ -143,6 +143,34 @@ async def test_r02_r26_submit_read_and_steer_a_task_over_http(api) -> None:  # t
     bundle = (await client.get("/api/tasks/t1/bundle", headers=auth(READER))).json()
     assert bundle["task"]["task_id"] == "t1"
 
+    # a fork of the waiting version: a new task that waits again; the cancelled one stays so
+    heads = {v["version"]: (await harness.reads.head("t1", v["version"]))[1] for v in versions}
+    waiting = next(v for v, head in heads.items() if b'"status":"waiting"' in head)
+    refused = await client.post("/api/tasks/t1/fork", json={}, headers=auth(READER))
+    assert refused.status_code == 403
+    forked = await client.post("/api/tasks/t1/fork", json={"version": waiting, "task_id": "t2"},
+                               headers=auth(OPERATOR))
+    assert forked.status_code == 201 and forked.json() == {"task_id": "t2", "forked_from": "t1"}
+    await harness.run_until_idle(timeout=5)
+    assert (await client.get("/api/tasks/t2", headers=auth(READER))).json()["task"][
+        "status"] == "waiting"
+    assert (await client.get("/api/tasks/t1", headers=auth(READER))).json()["task"][
+        "status"] == "cancelled"
+    again = await client.post("/api/tasks/t1/fork", json={"task_id": "t2"}, headers=auth(OPERATOR))
+    assert again.status_code == 409 and "t2" in again.json()["error"]
+    bad = await client.post("/api/tasks/t1/fork", json={"version": 0}, headers=auth(OPERATOR))
+    assert bad.status_code == 422
+
+    # resume with a corrected input: the old one stays in the dialog
+    repaired = await client.post("/api/tasks/t2/resume", json={"input": {"fixed": True}},
+                                 headers=auth(OPERATOR))
+    assert repaired.status_code == 202, repaired.text
+    await harness.run_until_idle(timeout=5)
+    t2 = (await client.get("/api/tasks/t2", headers=auth(READER))).json()["snapshot"]
+    assert t2["input"] == {"fixed": True}
+    rows = (await client.get("/api/tasks/t2/history", headers=auth(READER))).json()["rows"]
+    assert [r["replaced"] for r in rows if r.get("type") == "input"] == [None]
+
 
 async def test_r03_r06_signed_webhooks_are_durable_deduplicated_and_replay_proof(api) -> None:  # type: ignore[no-untyped-def]
     client, harness = api
@@ -371,8 +399,9 @@ def test_r26_the_timeline_merges_recovery_records_by_time_with_a_marker_per_kind
 
 async def test_r26_levers_are_shown_only_where_they_can_act(
         api: tuple[httpx.AsyncClient, tt.Harness]) -> None:
-    """A waiting task offers approve, send event, resume, roll back and cancel; a completed
-    one only roll back; a cancelled one none; a read-only session none at all."""
+    """A waiting task offers approve, send event, resume, roll back, fork and cancel; a
+    completed one roll back and fork; a cancelled one only fork (a new task from one of its
+    versions: the cancelled task itself cannot be changed); a read-only session none."""
     client, harness = api
     await harness.submit("gate", task_id="w")
     await harness.submit("gate", task_id="c")
@@ -391,10 +420,10 @@ async def test_r26_levers_are_shown_only_where_they_can_act(
                 if a.startswith("/console/tasks/") and not a.endswith("/diff")]
 
     waiting = (await client.get("/console/tasks/w")).text
-    assert levers(waiting) == ["approve", "resume", "rollback", "cancel", "event"]
+    assert levers(waiting) == ["approve", "resume", "rollback", "fork", "cancel", "event"]
     assert "Approve (send approval)" in waiting
-    assert levers((await client.get("/console/tasks/c")).text) == ["rollback"]
-    assert levers((await client.get("/console/tasks/x")).text) == []
+    assert levers((await client.get("/console/tasks/c")).text) == ["rollback", "fork"]
+    assert levers((await client.get("/console/tasks/x")).text) == ["fork"]
     listing = await client.get("/console")
     await client.post("/console/logout", headers=origin, data={"csrf": csrf_of(listing.text)})
     await sign_in(client, READER)

@@ -54,7 +54,7 @@ from tether.agents.model_calls import (
     with_retries,
 )
 from tether.agents.schemas import tool_schema
-from tether.errors import ConfigurationError, NeedsPerson
+from tether.errors import ConfigurationError, MissingExtra, NeedsPerson
 from tether.model import Action, Finish, Reply, ToolCall, action_from_dict, action_to_dict
 from tether.tools import Tool
 
@@ -62,7 +62,7 @@ try:
     from openai import AsyncOpenAI, AsyncStream
     from openai.types.chat import ChatCompletionChunk
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ConfigurationError("ChatAgent needs the openai client: pip install 'tether[openai]'") from exc
+    raise MissingExtra("ChatAgent needs the openai client", "openai") from exc
 
 SHRINKS = 2
 """Times one plan lowers its context budget after a server says the prompt is too long."""

@@ -33,13 +33,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from tether.errors import ConfigurationError, NeedsPerson, TetherError
+from tether.errors import ConfigurationError, MissingExtra, NeedsPerson, TetherError
 
 try:
     from openai import APIConnectionError, APIStatusError, APITimeoutError, OpenAIError
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ConfigurationError("model calls need the openai client: pip install 'tether[openai]'"
-                             ) from exc
+    raise MissingExtra("model calls need the openai client", "openai") from exc
 
 T = TypeVar("T")
 

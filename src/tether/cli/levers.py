@@ -1,4 +1,4 @@
-"""The command line's levers: send an event, resume, decide, roll back, cancel (R26).
+"""The command line's levers: send an event, resume, decide, roll back, cancel, fork (R26).
 
 Each lever names who pulled it (``cli:`` and the login name) and says what became of it:
 applied (and the status now), queued for the worker holding the task, or not applied and
@@ -137,7 +137,28 @@ async def cancel(harness: tt.Harness, task_id: str) -> None:
     await report_lever(harness, task_id, receipt, "cancel")
 
 
-LEVERS = (emit, resume, decide, rollback, cancel)
+@click.command()
+@click.argument("task_id")
+@click.option("--from", "version", type=click.IntRange(min=1),
+              help="A kept version (see `versions`); default: the newest.")
+@click.option("--id", "new_task_id", help="The fork's id (default: generated).")
+@click.option("--redo-side-effects", is_flag=True,
+              help="Make the call open at that version again, even if the task made it.")
+@harness_command
+async def fork(harness: tt.Harness, task_id: str, version: int | None, new_task_id: str | None,
+               redo_side_effects: bool) -> None:
+    """Start a new task from a kept version of TASK_ID, which stays as it is.
+
+    The fork has its own id and idempotency keys and the task's history up to that version;
+    a call the task already made is not made again unless --redo-side-effects. Prints the
+    fork's id.
+    """
+    fork_id = await harness.fork(task_id, version, new_task_id=new_task_id,
+                                 redo_side_effects=redo_side_effects, by=who())
+    echo(fork_id)
+
+
+LEVERS = (emit, resume, decide, rollback, cancel, fork)
 
 
 async def report_lever(harness: tt.Harness, task_id: str, receipt: tt.EmitReceipt,

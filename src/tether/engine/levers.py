@@ -164,7 +164,7 @@ async def rollback(task: RunningTask, event: Event) -> None:
     epoch = await recovery.branch_history(task.reads, old)
     if payload.get("redo_side_effects"):
         old.key_salt = f"~redo{epoch}"
-        _reopen_call(old)
+        reopen_call(old)
     timers.rearm_waits(old, time.time(), f"r{epoch}")
     old.recovery = type(old.recovery)()
     if old.status is Status.PENDING:
@@ -201,7 +201,7 @@ async def _rollback_target(task: RunningTask, event_id: int, version: int) -> by
     return data
 
 
-def _reopen_call(snap: Snapshot) -> None:
+def reopen_call(snap: Snapshot) -> None:
     """Forget an open call's key so it is derived again with the new salt (a real redo)."""
     if snap.call is not None and snap.stack and snap.frame.agenda:
         snap.frame.agenda[0].open_call = None

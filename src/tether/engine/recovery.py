@@ -175,8 +175,9 @@ async def resolve_in_doubt(task: RunningTask) -> None:
         return
     if tool.reconcile_fn is None:
         hand_to_person(task, f"outcome unknown: side-effecting call {call.tool}"
-                             f"({args_text(call)}) key={call.key} was in flight when the worker"
-                             " died and the tool has no reconcile hook; it was not repeated")
+                             f"({args_text(call)}) key={call.key} may or may not have happened"
+                             " (a worker died while it ran, or its answer was lost) and the"
+                             " tool has no reconcile hook; it was not repeated")
         return
     await _reconcile(task, tool, call)
 

@@ -44,7 +44,7 @@ from dataclasses import replace
 from types import TracebackType
 from typing import Any, TextIO, TypedDict, TypeVar, Unpack, cast
 
-from tether.errors import ConfigurationError, NotRetryable, OutcomeUnknown, TetherError
+from tether.errors import ConfigurationError, MissingExtra, NotRetryable, OutcomeUnknown, TetherError
 from tether.harness import Harness
 from tether.tools import (
     KEY_IN_META,
@@ -63,7 +63,7 @@ try:
     from mcp.client.streamable_http import streamable_http_client
     from pydantic_core import core_schema  # the SDK is built on pydantic
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ConfigurationError("MCP tools need the MCP SDK: pip install 'tether[mcp]'") from exc
+    raise MissingExtra("MCP tools need the MCP SDK", "mcp") from exc
 
 META_KEY = KEY_IN_META
 """The ``_meta`` entry of a ``tools/call`` request that holds tether's idempotency key."""

@@ -35,7 +35,7 @@ import pydantic_core
 
 from tether.agent import Agent, CutOff, TaskView
 from tether.agents.model_calls import ModelError, RequestOptions, RetryPolicy, check_finish, with_retries
-from tether.errors import ConfigurationError, NeedsPerson
+from tether.errors import ConfigurationError, MissingExtra, NeedsPerson
 from tether.model import Action, Fail, Finish, Spawn, ToolCall, action_from_dict, action_to_dict
 from tether.tools import Tool, ToolContext, ToolPolicy, current_call, running
 
@@ -49,8 +49,7 @@ try:
     from agents.tracing.model_tracing import get_model_tracing_impl
     from openai.types.responses import ResponseFunctionToolCall
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ConfigurationError("the OpenAI Agents SDK integration needs openai-agents:"
-                             " pip install 'tether[openai-agents]'") from exc
+    raise MissingExtra("the OpenAI Agents SDK integration needs openai-agents", "openai-agents") from exc
 
 KEY = "tether_idempotency_key"
 """The ``ToolContext.run_config.trace_metadata`` entry holding a tool call's key."""

@@ -48,7 +48,7 @@ import pydantic_core
 
 from tether.agent import Agent, CutOff, TaskView
 from tether.agents.model_calls import ModelError, RetryPolicy, with_retries
-from tether.errors import ConfigurationError
+from tether.errors import ConfigurationError, MissingExtra
 from tether.model import Action, Finish, ToolCall, Wait, action_from_dict, action_to_dict
 from tether.tools import KEY_IN_META, Tool, ToolContext, ToolPolicy, current_call, running
 
@@ -71,8 +71,7 @@ try:
     from pydantic_ai.toolsets import FunctionToolset
     from pydantic_graph import End
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ConfigurationError("the PydanticAI integration needs pydantic-ai:"
-                             " pip install 'tether[pydantic-ai]'") from exc
+    raise MissingExtra("the PydanticAI integration needs pydantic-ai", "pydantic-ai") from exc
 
 KEY = "tether_idempotency_key"
 """The ``RunContext.metadata`` entry holding a tool call's idempotency key."""

@@ -16,6 +16,7 @@ from tether.store.base import (
     SnapshotReads,
     Store,
     StoredEvent,
+    TaskQuery,
     WorkerStore,
 )
 from tether.store.sqlite import SQLiteStore
@@ -33,6 +34,7 @@ __all__ = [
     "SnapshotReads",
     "Store",
     "StoredEvent",
+    "TaskQuery",
     "WorkerStore",
     "open_store",
 ]

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from tether.model import EmitReceipt, Event, IdempotencyRecord, Status, TaskRecord
 from tether.store import steps
-from tether.store.base import InboxLimits, StoredEvent
+from tether.store.base import InboxLimits, StoredEvent, TaskQuery
 from tether.store.steps import Steps
 
 T = TypeVar("T")
@@ -57,6 +57,9 @@ class SQLBackend(ABC):
 
     async def list_tasks(self, status: Status | None = None, limit: int = 1000) -> list[TaskRecord]:
         return await self._read(steps.list_tasks(status, limit))
+
+    async def find_tasks(self, query: TaskQuery) -> list[TaskRecord]:
+        return await self._read(steps.find_tasks(query))
 
     async def count_by_status(self) -> dict[str, int]:
         return await self._read(steps.count_by_status())

@@ -83,6 +83,18 @@ class InboxLimits:
 
 
 @dataclass(frozen=True)
+class TaskQuery:
+    """One page of tasks as a person asks for it (the console's list): a status, an agent, a
+    piece of the id or of the reason (case-insensitive), and where the page starts."""
+
+    status: Status | None = None
+    agent: str | None = None
+    text: str = ""
+    offset: int = 0
+    limit: int = 50
+
+
+@dataclass(frozen=True)
 class StoredEvent:
     """An event as the store holds it."""
 
@@ -193,6 +205,11 @@ class ReadStore(SnapshotReads, Protocol):
 
     async def list_tasks(self, status: Status | None = None, limit: int = 1000) -> list[TaskRecord]:
         """Tasks, newest first, optionally of one status."""
+
+    async def find_tasks(self, query: TaskQuery) -> list[TaskRecord]:
+        """A page of tasks matching *query*: people's work first (needs a person, running,
+        paused, waiting, pending, failed, completed, cancelled), newest change first within
+        each, so a list of millions pages without loading them."""
 
     async def count_by_status(self) -> dict[str, int]:
         """How many tasks are in each status."""

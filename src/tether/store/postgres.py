@@ -45,7 +45,7 @@ from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-from tether.errors import ConfigurationError, StoreError, TaskNotFound
+from tether.errors import MissingExtra, StoreError, TaskNotFound
 from tether.failpoints import failpoint
 from tether.model import Status
 from tether.store import queries as q
@@ -59,8 +59,7 @@ try:
     from psycopg.rows import dict_row
     from psycopg_pool import AsyncConnectionPool, PoolTimeout
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ConfigurationError("the PostgreSQL store needs psycopg: pip install 'tether[postgres]'"
-                             ) from exc
+    raise MissingExtra("the PostgreSQL store needs psycopg", "postgres") from exc
 
 # after the check above: these need psycopg too
 from tether.store import postgres_checkpoint, postgres_schema

@@ -37,6 +37,22 @@ GET_TASK = f"SELECT {_TASK_COLUMNS} FROM tasks WHERE task_id = ?"
 LIST_TASKS = f"SELECT {_TASK_COLUMNS} FROM tasks ORDER BY created_at DESC LIMIT ?"
 LIST_TASKS_IN = f"SELECT {_TASK_COLUMNS} FROM tasks WHERE status = ? ORDER BY created_at DESC LIMIT ?"
 COUNT_BY_STATUS = "SELECT status, COUNT(*) AS tasks FROM tasks GROUP BY status"
+_URGENCY = ("CASE status WHEN 'needs_human' THEN 0 WHEN 'running' THEN 1 WHEN 'paused' THEN 2"
+            " WHEN 'waiting' THEN 3 WHEN 'pending' THEN 4 WHEN 'failed' THEN 5"
+            " WHEN 'completed' THEN 6 ELSE 7 END")
+_FIND_TERMS = ("status = ?", "agent = ?",
+               "(lower(task_id) LIKE ? ESCAPE '!' OR lower(coalesce(reason, '')) LIKE ? ESCAPE '!')")
+
+
+@functools.cache
+def find_tasks(by_status: bool, by_agent: bool, by_text: bool) -> str:
+    """A page of tasks for a person: filtered by status, agent and a piece of the id or
+    reason (LIKE patterns escaped with ``!``), people's work first, then newest first."""
+    terms = [term for term, used in zip(_FIND_TERMS, (by_status, by_agent, by_text),
+                                        strict=True) if used]
+    where = f" WHERE {' AND '.join(terms)}" if terms else ""
+    return (f"SELECT {_TASK_COLUMNS} FROM tasks{where}"
+            f" ORDER BY {_URGENCY}, updated_at DESC, task_id LIMIT ? OFFSET ?")
 INSERT_TASK = ("INSERT INTO tasks (task_id, agent, status, created_at, updated_at, head_version,"
                " wake_at) VALUES (?, ?, ?, ?, ?, 1, ?) ON CONFLICT (task_id) DO NOTHING")
 TASK_STATUS = "SELECT status FROM tasks WHERE task_id = ?"

@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Mapping
 
-from tether.errors import ConfigurationError
+from tether.errors import MissingExtra
 from tether.model import TaskRecord
 from tether.store.base import Checkpoint, Claim, Store
 
@@ -28,7 +28,7 @@ try:
     import redis.asyncio as aioredis
     from redis.exceptions import RedisError
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ConfigurationError("the Redis cache needs redis-py: pip install 'tether[redis]'") from exc
+    raise MissingExtra("the Redis cache needs redis-py", "redis") from exc
 
 log = logging.getLogger("tether.cache")
 RETRY_AFTER = 5.0
@@ -67,6 +67,7 @@ class CachedStore:
         self.wait_for_change = inner.wait_for_change
         self.ping = inner.ping
         self.list_tasks = inner.list_tasks
+        self.find_tasks = inner.find_tasks
         self.count_by_status = inner.count_by_status
         self.count_pending_events = inner.count_pending_events
         self.list_events = inner.list_events

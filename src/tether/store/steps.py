@@ -28,7 +28,7 @@ from tether.failpoints import failpoint
 from tether.model import EmitReceipt, Event, IdempotencyRecord, Status, TaskRecord
 from tether.store import queries as q
 from tether.store import rows
-from tether.store.base import Checkpoint, Claim, InboxLimits, StoredEvent
+from tether.store.base import Checkpoint, Claim, InboxLimits, StoredEvent, TaskQuery
 
 T = TypeVar("T")
 
@@ -151,6 +151,24 @@ def list_tasks(status: Status | None, limit: int) -> Steps[list[TaskRecord]]:
     found = yield (every(q.LIST_TASKS_IN, status.value, limit) if status
                    else every(q.LIST_TASKS, limit))
     return [rows.task_record(row) for row in found]
+
+
+def find_tasks(query: TaskQuery) -> Steps[list[TaskRecord]]:
+    params: list[Any] = []
+    if query.status is not None:
+        params.append(query.status.value)
+    if query.agent is not None:
+        params.append(query.agent)
+    if query.text:
+        pattern = "%" + _like_escaped(query.text.lower()) + "%"
+        params += [pattern, pattern]
+    sql = q.find_tasks(query.status is not None, query.agent is not None, bool(query.text))
+    found = yield every(sql, *params, query.limit, query.offset)
+    return [rows.task_record(row) for row in found]
+
+
+def _like_escaped(text: str) -> str:
+    return text.replace("!", "!!").replace("%", "!%").replace("_", "!_")
 
 
 def count_by_status() -> Steps[dict[str, int]]:

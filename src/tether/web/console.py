@@ -22,10 +22,11 @@ import orjson
 
 from tether.engine.decisions import DECISIONS, Decision
 from tether.engine.timers import local_time
-from tether.errors import TaskNotFound, TetherError, VersionNotFound
+from tether.errors import MissingExtra, TaskNotFound, TetherError, VersionNotFound
 from tether.harness import Harness
 from tether.model import LARGEST_COUNT, CallStatus, Event, Status
 from tether.protocol import RESERVED_EVENTS
+from tether.store import TaskQuery
 from tether.watching import Position
 from tether.web.live import StreamSlots, stream_response
 from tether.web.security import (
@@ -43,10 +44,7 @@ try:
     from fastapi.responses import HTMLResponse, RedirectResponse, Response
     from jinja2 import Environment, PackageLoader, select_autoescape
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    from tether.errors import ConfigurationError
-
-    raise ConfigurationError("the console needs FastAPI and Jinja2: pip install 'tether[server]'"
-                             ) from exc
+    raise MissingExtra("the console needs FastAPI and Jinja2", "server") from exc
 
 from tether.web.sessions import (
     COOKIE_PATH,
@@ -194,6 +192,7 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
                     recoveries=recoveries, in_doubt=in_doubt, operator=operator,
                     can_resume=operator and not in_doubt and status in RESUMABLE,
                     can_rollback=operator and status is not Status.CANCELLED,
+                    can_fork=operator,
                     can_cancel=operator and not status.is_terminal,
                     can_send=operator and not status.is_terminal,
                     awaited=str(wait["event_type"]) if operator and wait
@@ -265,6 +264,9 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
         except TaskNotFound:
             return not_found(request, session, f"There is no task {task_id!r}.")
         try:
+            if lever == "fork":
+                fork_id, done = await _fork(harness, task_id, form, session.by)
+                return _back(session, fork_id, done, False)
             done = await _pull(harness, task_id, lever, form, session.by)
         except (TetherError, ValueError) as exc:
             return _back(session, task_id, str(exc), True)
@@ -281,9 +283,7 @@ async def _pull(harness: Harness, task_id: str, lever: str, form: Any, by: str) 
     if lever == "resume":
         await harness.resume(task_id, message=str(form.get("message") or "") or None, by=by)
     elif lever == "rollback":
-        version = int(str(form.get("version")))
-        if not 1 <= version <= LARGEST_COUNT:
-            raise ValueError(f"no version {version}")
+        version = _version(form)
         redo = form.get("redo_side_effects") == "1"
         await harness.rollback(task_id, version, redo, by=by)
         return f"rollback to version {version} sent" + (" (side effects redone)" if redo else "")
@@ -314,6 +314,24 @@ async def _pull(harness: Harness, task_id: str, lever: str, form: Any, by: str) 
     else:
         raise ValueError(f"no such action {lever!r}")
     return f"{lever} sent"
+
+
+async def _fork(harness: Harness, task_id: str, form: Any, by: str) -> tuple[str, str]:
+    """A fork from the console's form: a kept version, an optional id, redo or not."""
+    version = _version(form)
+    new_id = str(form.get("task_id") or "").strip() or None
+    redo = form.get("redo_side_effects") == "1"
+    fork_id = await harness.fork(task_id, version, new_task_id=new_id, redo_side_effects=redo,
+                                 by=by)
+    return fork_id, f"forked from {task_id} version {version}" + (
+        " (side effects redone)" if redo else "")
+
+
+def _version(form: Any) -> int:
+    text = str(form.get("version") or "")
+    if not text.isdigit() or not 1 <= int(text) <= LARGEST_COUNT:
+        raise ValueError(f"choose a kept version, not {text[:20]!r}")
+    return int(text)
 
 
 async def _send_event(harness: Harness, task_id: str, form: Any) -> str:
@@ -373,8 +391,8 @@ def _refused(message: str) -> Response:
 
 PAGE_SIZE = 50
 """Tasks per page of the console's list."""
-SCANNED = 10_000
-"""How many of the newest tasks the list filters and pages through."""
+SEARCH_CHARS = 200
+"""The longest search text the list takes."""
 
 
 def _status(text: str) -> Status | None:
@@ -387,14 +405,11 @@ def _status(text: str) -> Status | None:
 async def _listing(harness: Harness, status: Status | None, agent: str = "", q: str = "",
                    page_no: int = 1) -> tuple[list[Any], bool]:
     """One page of the list (most urgent status first, newest first), and whether there is
-    another: filtered by status, agent and a piece of the task id."""
-    records = await harness.reads.tasks(status, limit=SCANNED)
-    needle = q.strip().lower()
-    chosen = [r for r in records if (not agent or r.agent == agent)
-              and (not needle or needle in r.task_id.lower())]
-    chosen.sort(key=lambda r: (ORDER.index(r.status), -r.updated_at))
-    start = (page_no - 1) * PAGE_SIZE
-    return chosen[start:start + PAGE_SIZE], len(chosen) > start + PAGE_SIZE
+    another: filtered by status, agent and a piece of the task id or reason, in the store."""
+    query = TaskQuery(status, agent or None, q.strip()[:SEARCH_CHARS],
+                      (page_no - 1) * PAGE_SIZE, PAGE_SIZE + 1)
+    found = await harness.reads.find(query)
+    return found[:PAGE_SIZE], len(found) > PAGE_SIZE
 
 
 def _back(session: Session, task_id: str, message: str, error: bool) -> Response:

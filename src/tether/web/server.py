@@ -43,6 +43,7 @@ from tether.errors import (
     InboxFull,
     InDoubtCall,
     InvalidInput,
+    MissingExtra,
     ReservedEventType,
     StoreUnavailable,
     TaskClosed,
@@ -56,6 +57,7 @@ from tether.errors import (
 from tether.harness import Harness
 from tether.model import LARGEST_COUNT, EmitReceipt, Event, Status
 from tether.protocol import RESERVED_EVENTS
+from tether.store import TaskQuery
 from tether.web.console import install_console
 from tether.web.live import StreamSlots, stream_response
 from tether.web.security import (
@@ -89,7 +91,7 @@ try:
     from pydantic import BaseModel, Field, ValidationError, model_validator
     from starlette.exceptions import HTTPException as StarletteHTTPException
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ConfigurationError("the HTTP API needs FastAPI: pip install 'tether[server]'") from exc
+    raise MissingExtra("the HTTP API needs FastAPI", "server") from exc
 
 __all__ = ["STATUS_FOR", "ServerConfig", "WebhookSource", "create_app", "render_metrics", "sign"]
 log = logging.getLogger("tether.server")
@@ -180,6 +182,13 @@ class Rollback(BaseModel):
     redo_side_effects: bool = False
 
 
+class Fork(BaseModel):
+    version: int | None = Field(None, ge=1, le=LARGEST_COUNT,
+                                description="A kept version; default: the newest")
+    task_id: str | None = Field(None, max_length=TASK_ID, description="The fork's id")
+    redo_side_effects: bool = False
+
+
 class Decide(BaseModel):
     """What became of a side-effecting call whose outcome is unknown."""
 
@@ -242,8 +251,16 @@ def create_app(harness: Harness, config: ServerConfig) -> FastAPI:
 
     @app.get("/api/tasks")
     async def list_tasks(status: Status | None = None,
+                         agent: str | None = Query(None, max_length=MAX_NAME),
+                         q: str = Query("", max_length=200),
+                         offset: int = Query(0, ge=0, le=LARGEST_COUNT),
                          limit: int = Query(100, ge=1, le=1000)) -> dict[str, Any]:
-        records = await harness.reads.tasks(status, limit)
+        """Without filters: the newest tasks first. With *agent*, *q* (a piece of the id or
+        reason) or *offset*: people's work first, then newest, a page at a time."""
+        if agent is None and not q and not offset:
+            records = await harness.reads.tasks(status, limit)
+        else:
+            records = await harness.reads.find(TaskQuery(status, agent, q, offset, limit))
         return {"counts": await harness.reads.counts(),
                 "tasks": [_record(r) for r in records]}
 
@@ -331,6 +348,14 @@ def create_app(harness: Harness, config: ServerConfig) -> FastAPI:
     async def rollback(task_id: str, body: Rollback, request: Request) -> dict[str, Any]:
         return await _lever(harness, task_id, harness.rollback(
             task_id, body.version, body.redo_side_effects, by=_by(request)))
+
+    @app.post("/api/tasks/{task_id}/fork", status_code=201)
+    async def fork(task_id: str, body: Fork, request: Request) -> dict[str, str]:
+        """A new task from a kept version of this one (which stays as it is): its own id and
+        idempotency keys, this task's history up to that version."""
+        fork_id = await harness.fork(task_id, body.version, new_task_id=body.task_id,
+                                     redo_side_effects=body.redo_side_effects, by=_by(request))
+        return {"task_id": fork_id, "forked_from": task_id}
 
     @app.post("/api/tasks/{task_id}/cancel", status_code=202)
     async def cancel(task_id: str, request: Request) -> dict[str, Any]:

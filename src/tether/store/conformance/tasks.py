@@ -13,7 +13,7 @@ from tether.errors import (
     VersionNotFound,
 )
 from tether.model import EventStatus, IdempotencyRecord, OutcomeStatus, Snapshot, Status, TaskRecord
-from tether.store.base import Checkpoint, Claim, HistoryRow, Store
+from tether.store.base import Checkpoint, Claim, HistoryRow, Store, TaskQuery
 from tether.store.conformance.helpers import (
     KEEP,
     LEASE,
@@ -73,6 +73,34 @@ class TaskConformance:
         assert [t.task_id for t in waiting] == ["mid"]
         assert waiting[0].status is Status.WAITING
         assert await store.list_tasks(Status.COMPLETED) == []
+
+    async def test_find_tasks_pages_people_s_work_first_filtered_in_the_store(
+            self, store: Store) -> None:
+        """R2, R26: the console's list: by status, agent and a piece of the id or reason
+        (case-insensitive; LIKE's wildcards are plain characters), people's work first,
+        newest change first, page after page with no task twice and none left out."""
+        now = time.time()
+        for n in range(12):
+            record = TaskRecord(f"job-{n:02d}", "echo" if n % 2 else "other", Status.PENDING,
+                                now - 100 + n, now - 100 + n, 1)
+            await store.create_task(record, head(record.task_id))
+        await park(store, "job-03", Status.NEEDS_HUMAN, now, reason="Refund 100% done?")
+        await park(store, "job-05", Status.WAITING, now)
+        every = await store.find_tasks(TaskQuery(limit=100))
+        assert [t.task_id for t in every[:2]] == ["job-03", "job-05"]  # people's work first
+        pending = [t.task_id for t in every[2:]]
+        assert pending == sorted(pending, reverse=True)  # newest first within a status
+        pages = [await store.find_tasks(TaskQuery(offset=o, limit=5)) for o in (0, 5, 10)]
+        assert [t.task_id for page in pages for t in page] == [t.task_id for t in every]
+        echo = await store.find_tasks(TaskQuery(agent="echo", status=Status.PENDING))
+        assert {t.task_id for t in echo} == {"job-01", "job-07", "job-09", "job-11"}
+        assert [t.task_id for t in await store.find_tasks(TaskQuery(text="JOB-1"))] == [
+            "job-11", "job-10"]
+        assert [t.task_id for t in await store.find_tasks(TaskQuery(text="100%"))] == ["job-03"]
+        assert await store.find_tasks(TaskQuery(text="%")) == await store.find_tasks(
+            TaskQuery(text="100%"))  # a % is a character, not "anything"
+        assert await store.find_tasks(TaskQuery(text="job_0")) == []  # so is _
+        assert await store.find_tasks(TaskQuery(offset=12)) == []
 
     async def test_count_by_status(self, store: Store) -> None:
         """R2: counts of tasks per status."""
@@ -495,6 +523,25 @@ class TaskConformance:
         assert whole_old[0] == {"role": "user", "n": "e0-1"}
         assert [e["n"] for e in await store.read_history("t1", [[0, 2]])] == ["e0-1", "e0-2"]
         assert await store.read_history("t1", [[7, -1]]) == []
+
+    async def test_a_task_created_paused_is_written_whole_before_any_worker_sees_it(
+            self, store: Store) -> None:
+        """R14: how a fork is written through this protocol: created paused (no worker
+        claims it), its lever takes it with claim_task, commits the copied dialog and the
+        status it goes on in, and releases it; only then does a worker claim it."""
+        now = time.time()
+        record = TaskRecord("fork", "echo", Status.PAUSED, now, now, 1, reason="being forked")
+        await store.create_task(record, head("fork", Status.PAUSED))
+        assert await store.claim("w1", now, LEASE) is None
+        lever = await claim(store, "fork", now, worker="fork:lever")
+        rows = [HistoryRow(0, seq, {"role": "user", "n": seq}) for seq in range(1, 4)]
+        await commit(store, lever, Status.RUNNING, now, history=rows, progress=True)
+        await store.release(lever)
+        got = await store.get_task("fork")
+        assert (got.status, got.reason, got.head_version) == (Status.RUNNING, None, 2)
+        assert [e["n"] for e in await store.read_history("fork", [[0, -1]])] == [1, 2, 3]
+        worker = await store.claim("w1", now, LEASE)
+        assert worker is not None and worker.task_id == "fork" and not worker.crashed
 
     async def test_next_epoch_is_new_every_time(self, store: Store) -> None:
         """R14: each rollback gets a branch number never used before by that task."""
