@@ -37,6 +37,12 @@ async def versions(h: tt.Harness, task_id: str) -> list[tuple[int, Snapshot]]:
     return found
 
 
+async def at_a_resume_point(h: tt.Harness, task_id: str) -> tuple[int, Snapshot]:
+    """The first kept version whose charge is started and not yet answered."""
+    return next((v, s) for v, s in await versions(h, task_id)
+                if s.call is not None and s.call.status == CallStatus.STARTED)
+
+
 @pytest.fixture
 async def charged() -> tuple[tt.Harness, list[tuple[int, str]], str]:
     h = tt.Harness("memory://", settings=fast_settings(keep_versions=50))
@@ -76,8 +82,7 @@ async def test_r14_a_fork_goes_on_from_its_version_and_leaves_the_source_alone(c
 async def test_e4_a_call_the_source_made_is_answered_from_its_record_not_made_again(
         charged) -> None:
     h, runs, source = charged
-    version, snap = next((v, s) for v, s in await versions(h, source)
-                         if s.call is not None and s.call.status == CallStatus.STARTED)
+    version, snap = await at_a_resume_point(h, source)
     fork_id = await h.fork(source, version)
     await h.run_until_idle(timeout=20)
     assert (await h.get(fork_id)).record.status is tt.Status.COMPLETED
@@ -92,8 +97,7 @@ async def test_e4_a_call_the_source_made_is_answered_from_its_record_not_made_ag
 async def test_e4_asked_to_redo_side_effects_the_fork_makes_the_open_call_again(
         charged) -> None:
     h, runs, source = charged
-    version, snap = next((v, s) for v, s in await versions(h, source)
-                         if s.call is not None and s.call.status == CallStatus.STARTED)
+    version, snap = await at_a_resume_point(h, source)
     assert snap.call is not None
     fork_id = await h.fork(source, version, redo_side_effects=True)
     await h.run_until_idle(timeout=20)

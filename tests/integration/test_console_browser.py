@@ -7,16 +7,15 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import uvicorn
 
 import services
 import tether as tt
-from tether.web.server import ServerConfig, create_app
+from serving import served, until
+from tether.web.server import ServerConfig
 
 CHROMIUM = "/usr/bin/chromium"
 TOKEN = "operator-token-0123456789abcdef"
@@ -56,35 +55,13 @@ def app(db: Path) -> tt.Harness:
     return h
 
 
-async def until(harness: tt.Harness, task_id: str, status: tt.Status) -> None:
-    """Wait (up to 10 s) for a task to reach a status; the worker runs in the background."""
-    for _ in range(200):
-        if (await harness.store.get_task(task_id)).status is status:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{task_id} never became {status.value}")
-
-
 @pytest.fixture
 async def console(tmp_path: Path) -> AsyncIterator[tuple[str, tt.Harness]]:
     if shutil.which(CHROMIUM) is None:
         services.unavailable("Debian's Chromium (apt-get install chromium)", "not installed")
     harness = app(tmp_path / "console.db")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(
-        create_app(harness, ServerConfig({TOKEN: "operator"})), host="127.0.0.1", port=port,
-        log_level="error"))
-    stop = asyncio.Event()
-    tasks = [asyncio.create_task(server.serve()), asyncio.create_task(harness.serve(stop=stop))]
-    while not server.started:
-        await asyncio.sleep(0.01)
-    yield f"http://127.0.0.1:{port}", harness
-    server.should_exit = True
-    stop.set()
-    await asyncio.gather(*tasks)
-    await harness.close()
+    async with served(harness, ServerConfig({TOKEN: "operator"})) as running:
+        yield running.base, harness
 
 
 async def test_r26_a_person_decides_a_parked_call_and_rolls_the_task_back_in_the_console(

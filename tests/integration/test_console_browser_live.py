@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,13 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
-from test_console_browser import CHROMIUM, FLAGS, SHOTS, TOKEN, until
-from test_live_stream import free_port
+from test_console_browser import CHROMIUM, FLAGS, SHOTS, TOKEN
 
 import services
 import tether as tt
-from tether.web.server import ServerConfig, create_app
+from serving import Served, served, until
+from tether.web.server import ServerConfig
 
 APP = '''
 import asyncio
@@ -82,42 +82,25 @@ def app_module(folder: Path) -> tuple[str, Any]:
     return name, __import__(name)
 
 
-class Console:
-    """The API and console on a real socket; the worker in this process starts when asked
-    (so a test can let a worker of its own, in another process, take a task first)."""
-
-    def __init__(self, base: str, harness: tt.Harness, app: str) -> None:
-        self.base, self.harness, self.app = base, harness, app
-        self.stop = asyncio.Event()
-        self.worker: asyncio.Task[None] | None = None
-
-    def start_worker(self) -> None:
-        self.worker = asyncio.create_task(self.harness.serve(stop=self.stop))
-
-
 @pytest.fixture
 async def console(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Console]:
-    import shutil
-
+    """The console of the app above; its worker starts when a test asks."""
     if shutil.which(CHROMIUM) is None:
         services.unavailable("Debian's Chromium (apt-get install chromium)", "not installed")
     monkeypatch.setenv("REFUND_LEDGER", str(tmp_path / "ledger.txt"))
     name, module = app_module(tmp_path)
     harness: tt.Harness = module.harness
     harness.use_store(f"sqlite:///{tmp_path / 'live.db'}")
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(
-        create_app(harness, ServerConfig({TOKEN: "operator"})), host="127.0.0.1", port=port,
-        log_level="error"))
-    serving = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-    console = Console(f"http://127.0.0.1:{port}", harness, f"{name}:harness")
-    yield console
-    server.should_exit = True
-    console.stop.set()
-    await asyncio.gather(serving, *([console.worker] if console.worker else []))
-    await harness.close()
+    async with served(harness, ServerConfig({TOKEN: "operator"}), worker=False) as running:
+        yield Console(running, f"{name}:harness")
+
+
+class Console:
+    """The served console and the import path of its app (for workers in other processes)."""
+
+    def __init__(self, running: Served, app: str) -> None:
+        self.base, self.harness, self.app = running.base, running.harness, app
+        self.start_worker = running.start_worker
 
 
 async def signed_in(pw: Any, base: str, width: int = 1280) -> tuple[Any, Any]:

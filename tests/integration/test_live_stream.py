@@ -9,7 +9,6 @@ import asyncio
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import uuid
@@ -21,16 +20,16 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-import uvicorn
 from click.testing import CliRunner
 from httpx_sse import aconnect_sse
 
 import tether as tt
+from serving import served, until
 from tether.cli.main import main
 from tether.watching import Position, follow
 from tether.web.live import StreamSlots, stream_response
 from tether.web.security import HTTPRefusal
-from tether.web.server import ServerConfig, create_app
+from tether.web.server import ServerConfig
 
 READ = "read-token-0123456789abcdef"
 OPERATOR = "operator-token-0123456789abcdef"
@@ -71,29 +70,12 @@ def gate_app(folder: Path, db: Path) -> tuple[str, tt.Harness]:
     return name, harness
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
-async def served(tmp_path: Path) -> AsyncIterator[tuple[str, tt.Harness]]:
+async def served_gate(tmp_path: Path) -> AsyncIterator[tuple[str, tt.Harness]]:
     """The API on a real socket, with a worker in the same process."""
     _, harness = gate_app(tmp_path, tmp_path / "live.db")
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(
-        create_app(harness, ServerConfig({READ: "read", OPERATOR: "operator"})),
-        host="127.0.0.1", port=port, log_level="error"))
-    stop = asyncio.Event()
-    running = [asyncio.create_task(server.serve()), asyncio.create_task(harness.serve(stop=stop))]
-    while not server.started:
-        await asyncio.sleep(0.01)
-    yield f"http://127.0.0.1:{port}", harness
-    server.should_exit = True
-    stop.set()
-    await asyncio.gather(*running)
-    await harness.close()
+    async with served(harness, ServerConfig({READ: "read", OPERATOR: "operator"})) as running:
+        yield running.base, harness
 
 
 async def read_stream(base: str, task_id: str, *, last_id: str | None = None,
@@ -117,19 +99,11 @@ async def read_stream(base: str, task_id: str, *, last_id: str | None = None,
     return seen
 
 
-async def until_status(harness: tt.Harness, task_id: str, status: tt.Status) -> None:
-    for _ in range(400):
-        if (await harness.store.get_task(task_id)).status is status:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{task_id} never became {status.value}")
-
-
 async def test_the_stream_sends_every_committed_row_once_in_order_then_ends(
-        served: tuple[str, tt.Harness]) -> None:
-    base, harness = served
+        served_gate: tuple[str, tt.Harness]) -> None:
+    base, harness = served_gate
     task_id = await harness.submit("gate", task_id="gate-1")
-    await until_status(harness, task_id, tt.Status.WAITING)
+    await until(harness, task_id, tt.Status.WAITING)
 
     async def approve() -> None:
         await harness.emit(tt.Event("approval", task_id, "ops"))
@@ -153,12 +127,12 @@ async def test_the_stream_sends_every_committed_row_once_in_order_then_ends(
 
 
 async def test_a_reader_that_reconnects_gets_only_what_it_missed(
-        served: tuple[str, tt.Harness]) -> None:
-    base, harness = served
+        served_gate: tuple[str, tt.Harness]) -> None:
+    base, harness = served_gate
     task_id = await harness.submit("gate", task_id="gate-2")
-    await until_status(harness, task_id, tt.Status.WAITING)
+    await until(harness, task_id, tt.Status.WAITING)
     await harness.emit(tt.Event("approval", task_id, "ops"))
-    await until_status(harness, task_id, tt.Status.COMPLETED)
+    await until(harness, task_id, tt.Status.COMPLETED)
     whole = await read_stream(base, task_id)
     total = sum(kind == "row" for kind, _, _ in whole)
     again = await read_stream(base, task_id, last_id="3.0")
@@ -167,8 +141,8 @@ async def test_a_reader_that_reconnects_gets_only_what_it_missed(
 
 
 async def test_stream_errors_are_answers_not_broken_streams(
-        served: tuple[str, tt.Harness]) -> None:
-    base, harness = served
+        served_gate: tuple[str, tt.Harness]) -> None:
+    base, harness = served_gate
     task_id = await harness.submit("gate", task_id="gate-3")
     async with httpx.AsyncClient(base_url=base) as client:
         auth = {"Authorization": f"Bearer {READ}"}
