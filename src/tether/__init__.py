@@ -34,6 +34,7 @@ from tether.errors import (
 from tether.harness import Harness, TaskInfo
 from tether.model import (
     Action,
+    CancelSubtask,
     EmitReceipt,
     Event,
     Fail,
@@ -56,6 +57,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Action",
     "Agent",
+    "CancelSubtask",
     "ConfigurationError",
     "CorruptSnapshot",
     "CorruptStore",

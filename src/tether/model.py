@@ -235,7 +235,20 @@ class Replan:
     its wait), and plan again. For an amended instruction that makes the planned call wrong."""
 
 
-Action = ToolCall | Spawn | Wait | Reply | Finish | Fail | Replan
+@dataclass(frozen=True)
+class CancelSubtask:
+    """Only from ``on_event``, answered by a frame with subtasks running above it: end them.
+
+    Their waits end and their calls that have not started are dropped; the frame that
+    answered sees ``child_error`` ("cancelled: *reason*") and plans again. A call cannot be
+    stopped half-way: a P0 event cuts an interruptible one before this is applied, any other
+    call finishes first. A side-effecting call whose outcome is unknown is never dropped: the
+    cancel is refused (and recorded) until a person or its reconcile hook settles it."""
+
+    reason: str = ""
+
+
+Action = ToolCall | Spawn | Wait | Reply | Finish | Fail | Replan | CancelSubtask
 ACTION_KINDS: dict[str, type[Any]] = {
     "tool_call": ToolCall,
     "spawn": Spawn,
@@ -244,6 +257,7 @@ ACTION_KINDS: dict[str, type[Any]] = {
     "finish": Finish,
     "fail": Fail,
     "replan": Replan,
+    "cancel_subtask": CancelSubtask,
 }
 _KIND_OF = {cls: kind for kind, cls in ACTION_KINDS.items()}
 

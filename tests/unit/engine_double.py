@@ -27,6 +27,8 @@ from tether.model import (
     CallState,
     CallStatus,
     Event,
+    Fail,
+    Finish,
     Frame,
     IdempotencyRecord,
     OutcomeStatus,
@@ -183,6 +185,17 @@ class FakeTask:
             self.snap.call = None
         planned_by = f"{agent.name}@{agent.version}" if agent is not None else None
         frame.agenda.insert(0, AgendaEntry(action_to_dict(action), planned_by))
+
+    def pop_frame(self, action: Finish | Fail, by: dict[str, Any]) -> None:
+        """As the runner: the parent sees the child's result or failure."""
+        done = self.snap.stack.pop()
+        failed = isinstance(action, Fail)
+        outcome = action.reason if isinstance(action, Fail) else action.result
+        self.append_history({"role": "system", "event": "fail" if failed else "finish",
+                             "agent": done.agent, "content": outcome, **by})
+        parent = self.snap.frame
+        parent.child_result = None if failed else outcome
+        parent.child_error = outcome if failed else None
 
     def finish_call(self, call: CallState, result: Any, from_record: bool = False,
                     defer: bool = False) -> None:

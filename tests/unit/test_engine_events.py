@@ -19,6 +19,7 @@ from tether.engine.events import apply_event
 from tether.errors import StoreUnavailable
 from tether.model import (
     CallStatus,
+    CancelSubtask,
     EventStatus,
     Frame,
     Replan,
@@ -411,3 +412,53 @@ async def test_r19_a_lever_stays_pending_while_the_store_is_away() -> None:
 
     assert task.recovery_log == [] and task.snap.status is Status.RUNNING
 
+
+
+# --------------------------------------------------------------------------- subtasks
+
+
+def with_subtask(parent: ScriptedAgent, child: ScriptedAgent) -> FakeTask:
+    """A parent frame with a child frame above it, the child waiting for an approval."""
+    snap = make_snap(Status.WAITING, agent=parent.name)
+    snap.stack.append(Frame(agent=child.name, frame_id="f0.1", wait=dict(APPROVAL)))
+    return FakeTask(snap, agents=[parent, child], tools=[make_tool("pay", side_effect=True)])
+
+
+async def test_r09_a_parent_cancels_its_waiting_subtask_and_sees_it_as_child_error() -> None:
+    """R9: the child's wait ends, the child is popped as failed, and the parent (which
+    answered the event) gets child_error and runs on."""
+    parent = ScriptedAgent("boss", CancelSubtask("the user gave up"))
+    task = with_subtask(parent, ScriptedAgent("helper"))
+
+    outcome = await apply_event(task, stored("abort", None, priority=1))
+
+    assert outcome is EventStatus.APPLIED
+    assert [f.agent for f in task.snap.stack] == ["boss"]
+    assert task.snap.frame.child_error == "cancelled by boss: the user gave up"
+    assert task.snap.status is Status.RUNNING
+    assert Strategy.CANCEL_SUBTASK in task.strategies
+    assert [r.get("event") for r in task.rows] == [None, "fail"]  # the event, then the pop
+
+
+async def test_r09_a_subtask_whose_side_effect_may_have_happened_is_not_cancelled() -> None:
+    """R9, R10: a side-effecting call in doubt is never dropped; the cancel is refused and
+    recorded, and the subtask stays as it was."""
+    parent = ScriptedAgent("boss", CancelSubtask())
+    task = with_subtask(parent, ScriptedAgent("helper"))
+    task.snap.frame.wait = None
+    task.snap.status = Status.RUNNING
+    call = open_call(task.snap, "pay", status=CallStatus.STARTED)
+
+    await apply_event(task, stored("abort", None, priority=1))
+
+    assert [f.agent for f in task.snap.stack] == ["boss", "helper"]
+    assert task.snap.call is call
+    assert task.strategies == [Strategy.CANCEL_SUBTASK_REFUSED]
+    assert "settle it first" in task.recovery_log[0][2]
+
+
+async def test_r09_cancel_subtask_without_a_subtask_is_refused_by_name() -> None:
+    task = running(ScriptedAgent("main", CancelSubtask()))
+    await apply_event(task, stored("abort", None, priority=1))
+    assert task.strategies == [Strategy.CANCEL_SUBTASK_REFUSED]
+    assert "no subtask" in task.recovery_log[0][2]

@@ -14,7 +14,18 @@ from typing import Any
 from tether.engine import degrade, levers, recovery, timers
 from tether.engine.task import RunningTask, clean_up_resources, end_wait, hand_to_person
 from tether.errors import StoreUnavailable, TetherError
-from tether.model import CallStatus, Event, EventStatus, Frame, Priority, Replan, Status, action_to_dict
+from tether.model import (
+    CallStatus,
+    CancelSubtask,
+    Event,
+    EventStatus,
+    Fail,
+    Frame,
+    Priority,
+    Replan,
+    Status,
+    action_to_dict,
+)
 from tether.protocol import CONTROL_EVENTS
 from tether.store import StoredEvent
 from tether.strategies import Strategy
@@ -124,10 +135,44 @@ async def _offer(task: RunningTask, event: Event) -> bool | None:
         if isinstance(action, Replan):
             _replan(task, frame, event)
             return True
+        if isinstance(action, CancelSubtask):
+            return _cancel_subtasks(task, frame, agent.name, action.reason, event)
         if action is not None:
             task.put_first(action, frame, agent)
             return True
     return False
+
+
+def _cancel_subtasks(task: RunningTask, frame: Frame, by: str, reason: str,
+                     event: Event) -> bool:
+    """End every frame above *frame*, top first, as failed with "cancelled: *reason*"; the
+    frame that asked then sees ``child_error`` and plans again. Refused (and recorded) while
+    a side-effecting call of theirs has an unknown outcome."""
+    snap = task.snap
+    assert event.id is not None
+    above = snap.stack[snap.stack.index(frame) + 1:]
+    if not above:
+        task.log_recovery(Strategy.CANCEL_SUBTASK_REFUSED, event.id,
+                          f"{event.type}: agent {by!r} has no subtask running to cancel")
+        return True
+    call = snap.call
+    if call is not None and call.status == CallStatus.STARTED:
+        tool = task.tools.get(call.tool)
+        if tool is None or tool.side_effect:
+            task.log_recovery(Strategy.CANCEL_SUBTASK_REFUSED, event.id, (
+                f"{event.type}: the subtask's call {call.tool} key={call.key} may have"
+                " happened; settle it first (decide, or its reconcile hook), then cancel"))
+            return True
+    snap.call = None
+    message = f"cancelled by {by}" + (f": {reason}" if reason else "")
+    for _ in above:
+        snap.frame.wait = None
+        task.pop_frame(Fail(message), {"planned_by": f"{by} (cancel_subtask)"})
+    if snap.status is Status.WAITING and snap.frame.wait is None:
+        task.set_status(Status.RUNNING)
+    task.log_recovery(Strategy.CANCEL_SUBTASK, event.id,
+                      f"{event.type}: {len(above)} subtask(s) ended ({message})")
+    return True
 
 
 def _replan(task: RunningTask, frame: Frame, event: Event) -> None:

@@ -23,6 +23,7 @@ from tether.failpoints import failpoint
 from tether.model import (
     CallState,
     CallStatus,
+    CancelSubtask,
     Event,
     IdempotencyRecord,
     OutcomeStatus,
@@ -325,6 +326,11 @@ async def _give_up(task: RunningTask, call: CallState, fingerprint: str, trace: 
     scratch = dict(frame.scratch)
     agent = task.agent_for(frame)
     action = await agent.on_event(task.view(scratch), event)
+    if isinstance(action, CancelSubtask):  # the failed call's own frame has no subtask
+        task.log_recovery(Strategy.CANCEL_SUBTASK_REFUSED, detail=f"agent {agent.name!r}"
+                          f" answered {call.tool}'s failure with CancelSubtask, but no"
+                          " subtask runs above it; the default recovery goes on")
+        action = None
     if action is not None:
         frame.scratch = scratch
         move_past_call(task, failure)

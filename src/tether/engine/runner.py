@@ -32,6 +32,7 @@ from tether.model import (
     AgendaEntry,
     CallState,
     CallStatus,
+    CancelSubtask,
     Event,
     EventStatus,
     Fail,
@@ -261,9 +262,9 @@ class Runner:
                 action = await self.cancellable(agent.plan(view))
         finally:
             limits.record_completions(self, view)  # paid for, whatever the plan did next
-        if isinstance(action, Replan):
-            raise InvalidInput(f"agent {agent.name!r}: plan() returned Replan, which only"
-                               " on_event may return")
+        if isinstance(action, Replan | CancelSubtask):
+            raise InvalidInput(f"agent {agent.name!r}: plan() returned"
+                               f" {type(action).__name__}, which only on_event may return")
         return self.recorded(action, agent), scratch
 
     @staticmethod

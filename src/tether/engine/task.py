@@ -25,6 +25,8 @@ from tether.model import (
     CallState,
     Cleanup,
     Event,
+    Fail,
+    Finish,
     Frame,
     IdempotencyRecord,
     OutcomeStatus,
@@ -115,6 +117,10 @@ class RunningTask(Protocol):
     def put_first(self, action: Action, frame: Frame | None = None,
                   agent: Agent | None = None) -> None:
         """Run *action* before the frame's recorded work, keeping that work."""
+
+    def pop_frame(self, action: Finish | Fail, by: dict[str, Any]) -> None:
+        """End the top frame with *action*'s result or failure: its parent sees it, or the
+        task completes or fails with it."""
 
     def finish_call(self, call: CallState, result: Any, from_record: bool = False,
                     defer: bool = False) -> None:
