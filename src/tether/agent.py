@@ -192,6 +192,10 @@ class Agent:
     """Commit each planned action at once, before acting on it: for an agent whose plan
     costs money (a model completion), so a crash never pays for the same plan twice."""
 
+    limits: tuple[str, ...] = ()
+    """Named limits (``Harness.limit``) each plan is admitted under: for an agent whose plan
+    calls a model provider that limits how often and how much."""
+
     input_required: bool = False
     """A task of this agent needs an input (a prompt, a batch): ``submit`` without one is
     refused at once, rather than failing later in the agent's first plan."""

@@ -106,6 +106,17 @@ class OutcomeUnknown(TetherError):
     came: tether will not retry it blindly; it asks the reconcile hook or a person."""
 
 
+class RateLimited(TetherError):
+    """Raise this from a tool (or an agent's plan) when the provider refused the request for
+    now (an HTTP 429) and did not act on it: the limits the tool (or agent) declares are
+    closed for everyone until *retry_after* seconds have passed, and this call runs again
+    then, with the same key, without counting as a failure."""
+
+    def __init__(self, retry_after: float, message: str = "") -> None:
+        super().__init__(message or f"the provider asked to wait {retry_after:g}s (429)")
+        self.retry_after = max(0.0, min(float(retry_after), 3600.0))
+
+
 class NeedsPerson(TetherError):
     """Raised by an agent's plan when no retry can help (a provider's content filter refused
     the answer, the model keeps sending calls it cannot make): the task goes to a person at

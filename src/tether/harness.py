@@ -13,7 +13,7 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, overload
@@ -58,6 +58,7 @@ from tether.resources import ResourceKind, ResourceKinds
 from tether.settings import Settings
 from tether.store import Store, open_store
 from tether.telemetry import Telemetry
+from tether.throttling import Limit, make_limit
 from tether.tools import RetryPolicy, Tool, ToolFn
 
 KEEP_INPUT: Any = object()
@@ -105,6 +106,7 @@ class Harness:
         self.worker_id = worker_id or new_worker_id()
         self.agents: dict[str, Agent] = {}
         self.tools: dict[str, Tool] = {}
+        self.limits: dict[str, Limit] = {}
         self.resource_kinds = ResourceKinds()
         self.runners: dict[str, Runner] = {}
         self.telemetry = Telemetry(tracer_provider)
@@ -160,17 +162,17 @@ class Harness:
     def tool(self, *, name: str | None = None, side_effect: bool = False,
              idempotent: bool = False, timeout: float | None = None,
              retry: RetryPolicy | None = None, interruptible: bool = False,
-             version: str = "1") -> Callable[[ToolFn], Tool]: ...
+             version: str = "1", limits: Sequence[str] = ()) -> Callable[[ToolFn], Tool]: ...
     def tool(self, fn: ToolFn | None = None, /, *, name: str | None = None,  # type: ignore[misc]
              side_effect: bool = False, idempotent: bool = False, timeout: float | None = None,
              retry: RetryPolicy | None = None, interruptible: bool = False,
-             version: str = "1") -> Tool | Callable[[ToolFn], Tool]:
+             version: str = "1", limits: Sequence[str] = ()) -> Tool | Callable[[ToolFn], Tool]:
         """Register an async tool ``fn(ctx, **args)``; see :class:`tether.tools.Tool`."""
 
         def register(fn: ToolFn) -> Tool:
             tool = Tool(fn, name=name or fn.__name__, side_effect=side_effect,
                         idempotent=idempotent, timeout=timeout, retry=retry or RetryPolicy(),
-                        interruptible=interruptible, version=version)
+                        interruptible=interruptible, version=version, limits=limits)
             return self.add_tool(tool)
 
         return register(fn) if fn is not None else register
@@ -181,6 +183,20 @@ class Harness:
             raise ConfigurationError(f"a tool named {tool.name!r} is already registered")
         self.tools[tool.name] = tool
         return tool
+
+    def limit(self, name: str, *, concurrency: int | None = None,
+              per_minute: int | None = None, per_second: int | None = None,
+              rate: tuple[int, float] | None = None,
+              key: Callable[[Any], object] | None = None) -> Limit:
+        """Define a named limit shared by every worker: *concurrency* at once, and/or
+        *per_minute* / *per_second* / *rate* = (count, seconds) admissions in any window;
+        with *key* (a function of the task's input), one such limit per value (a tenant).
+        Tools name it in ``limits=``, agents in their ``limits`` attribute."""
+        if name in self.limits:
+            raise ConfigurationError(f"a limit named {name!r} is already defined")
+        self.limits[name] = make_limit(name, concurrency=concurrency, per_minute=per_minute,
+                                       per_second=per_second, rate=rate, key=key)
+        return self.limits[name]
 
     def agent(self, name: str) -> Callable[[type[A]], type[A]]:
         """Register an agent class (instantiated with no arguments) under *name*."""

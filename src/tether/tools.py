@@ -17,7 +17,7 @@ import inspect
 import random
 import re
 import traceback
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +76,9 @@ class ToolContext:
     refuse a call that brings a smaller one. That stops a worker paused past its lease (a
     zombie) from acting after another worker took the call over."""
     resources: list[Resource] = field(default_factory=list)
+    admitted_at: float | None = None
+    """When the call was admitted under the limits its tool declares (None without limits):
+    the time a rate limit counts it at, in this worker's clock."""
 
     def add_resource(self, kind: str, ref: str, cleanup: str = "on_finish") -> None:
         """Register something outside the snapshot (a temp file, a handle) to check and clean up."""
@@ -100,6 +103,7 @@ class Tool:
         retry: RetryPolicy,
         interruptible: bool,
         version: str = "1",
+        limits: Sequence[str] = (),
     ) -> None:
         if not inspect.iscoroutinefunction(fn):
             raise ConfigurationError(f"tool {name!r} must be an async function")
@@ -124,6 +128,8 @@ class Tool:
         self.timeout = timeout
         self.retry = retry
         self.interruptible = interruptible
+        self.limits = tuple(limits)
+        """Named limits (``Harness.limit``) each call is admitted under, held while it runs."""
         self.reconcile_fn: ReconcileFn | None = None
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn

@@ -18,6 +18,7 @@ from tether.resources import ResourceKinds
 from tether.settings import Settings
 from tether.store import WorkerStore
 from tether.telemetry import Telemetry
+from tether.throttling import Limit
 from tether.tools import Tool
 
 
@@ -32,6 +33,9 @@ class RunnerHost(Protocol):
 
     @property
     def tools(self) -> Mapping[str, Tool]: ...
+
+    @property
+    def limits(self) -> Mapping[str, Limit]: ...
 
     @property
     def resource_kinds(self) -> ResourceKinds: ...

@@ -20,12 +20,20 @@ from typing import Any, TypeVar
 from tether import blobs
 from tether.agent import Agent, TaskView
 from tether.engine import degrade, limits, recovery, timers
+from tether.engine.admission import Admission, HeldBack
 from tether.engine.events import apply_event
 from tether.engine.host import RunnerHost
 from tether.engine.loading import newest_readable
 from tether.engine.preemption import Preempted, Preemptible
 from tether.engine.task import clean_up_resources, hand_to_person
-from tether.errors import InvalidInput, LeaseLost, OutcomeUnknown, ToolTimeout, UnknownAgent
+from tether.errors import (
+    InvalidInput,
+    LeaseLost,
+    OutcomeUnknown,
+    RateLimited,
+    ToolTimeout,
+    UnknownAgent,
+)
 from tether.failpoints import failpoint
 from tether.model import (
     Action,
@@ -40,6 +48,7 @@ from tether.model import (
     Frame,
     IdempotencyRecord,
     OutcomeStatus,
+    Priority,
     Replan,
     Reply,
     Snapshot,
@@ -89,6 +98,10 @@ class Runner:
         self.fired: set[str] = set()
         self._stopping = False
         self.preemptible = Preemptible()
+        self.admission = Admission(self.store, host.limits)
+        self.urgency = int(Priority.P2)
+        """The most urgent event applied while this runner held the task: a call it then
+        makes goes before less urgent ones held back by the same limit."""
         self._rows: list[HistoryRow] = []
         self._events_done: list[tuple[int, EventStatus]] = []
         self._idempotency: list[IdempotencyRecord] = []
@@ -141,6 +154,8 @@ class Runner:
                 await self.tick()
                 if self.snap.status is not Status.RUNNING:
                     break
+                if self.admission.held_back is not None:
+                    return await self.park(*self.admission.held_back.parked())
                 due = self._retry_due()
                 if due is not None and due - time.time() >= self.settings.lease_seconds:
                     return await self.park(due)
@@ -175,11 +190,12 @@ class Runner:
         hand_to_person(self, reason, traceback=traceback)
         await self._commit_if_asked()
 
-    async def park(self, due: float) -> Status:
-        """A long back-off: commit, and leave the due time to whichever worker is alive then
-        (E6), instead of holding the lease and memory while nothing can happen."""
+    async def park(self, due: float, reason: str | None = None) -> Status:
+        """A long back-off, or a limit holding the task back: commit, and leave the due time
+        to whichever worker is alive then (E6), instead of holding the lease and memory while
+        nothing can happen."""
         await self.flush()
-        await self.store.set_status(self.claim, Status.RUNNING, None, wake_at=due)
+        await self.store.set_status(self.claim, Status.RUNNING, reason, wake_at=due)
         return self.snap.status
 
     def _retry_due(self) -> float | None:
@@ -206,6 +222,7 @@ class Runner:
         disposition = await apply_event(self, stored)
         if disposition is None:  # it stays pending, for a later tick
             return
+        self.urgency = min(self.urgency, stored.priority)
         if stored.event.type in CONTROL_EVENTS:
             self.applied_levers.add(event_id)  # a later rollback in this tick keeps it applied
         self.done_event(event_id, disposition)
@@ -234,7 +251,7 @@ class Runner:
                 return
             try:
                 planned, scratch = await self.plan()
-            except Preempted:
+            except (Preempted, HeldBack):
                 return
             except Exception as error:  # a model call may fail in any way: bounded recovery
                 recovery.plan_failed(self, error)
@@ -258,8 +275,10 @@ class Runner:
         agent = self.agent_for(self.snap.frame)
         view = self.view(scratch)
         try:
-            with self.host.telemetry.span("tether.plan", **{"tether.agent": agent.name}):
-                action = await self.cancellable(agent.plan(view))
+            async with self.admission.plan_slot(self.snap, self.claim.fence, agent.limits,
+                                                self.urgency):
+                with self.host.telemetry.span("tether.plan", **{"tether.agent": agent.name}):
+                    action = await self.cancellable(agent.plan(view))
         finally:
             limits.record_completions(self, view)  # paid for, whatever the plan did next
         if isinstance(action, Replan | CancelSubtask):
@@ -394,6 +413,9 @@ class Runner:
             call = await recovery.open_call(self, action)
             if call is None or (tool.side_effect and limits.repeated_side_effect(self, call)):
                 return
+        if tool.limits and not await self.admission.admit(self.snap, self.claim.fence,
+                                                          tool.limits, call.key, self.urgency):
+            return
         call.attempt += 1
         call.status = CallStatus.STARTED
         call.retry_at = None
@@ -407,10 +429,14 @@ class Runner:
         started = time.monotonic()
         try:
             raw = await self.invoke(tool, call)
-        except Preempted:
+        except (Preempted, RateLimited) as cut:
             call.status = CallStatus.PLANNED
             call.attempt -= 1
-            self.record_idempotency(call, OutcomeStatus.FAILED, error="interrupted by a P0 event")
+            self.record_idempotency(call, OutcomeStatus.FAILED, error=str(cut) or "interrupted"
+                                    " by a P0 event")
+            if isinstance(cut, RateLimited):
+                call.retry_at = await self.admission.block(self.snap, tool.limits,
+                                                           cut.retry_after)
             return
         except (ToolTimeout, OutcomeUnknown) as error:
             if tool.side_effect:
@@ -431,7 +457,8 @@ class Runner:
         self.finish_call(call, result, defer=tool.idempotent and quick)
 
     async def invoke(self, tool: Tool, call: CallState) -> Any:
-        ctx = ToolContext(self.snap.task_id, tool.name, call.key, call.attempt, self.claim.fence)
+        ctx = ToolContext(self.snap.task_id, tool.name, call.key, call.attempt, self.claim.fence,
+                          admitted_at=self.admission.admitted_at if tool.limits else None)
         work = tool.run(ctx, call.args)
         try:
             with self.host.telemetry.span("tether.tool", **{
@@ -439,6 +466,8 @@ class Runner:
                 return await (self.cancellable(work) if tool.interruptible else work)
         finally:
             self.snap.resources.extend(ctx.resources)  # also from failed attempts: cleaned up too
+            if tool.limits:
+                await self.admission.release(self.snap, tool.limits, call.key)
 
     def finish_call(self, call: CallState, result: Any, from_record: bool = False,
                     defer: bool = False) -> None:

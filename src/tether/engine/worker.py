@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Coroutine, Iterable
 from typing import Any, Protocol
 
+from tether.engine.admission import HELD_BACK
 from tether.engine.host import RunnerHost
 from tether.engine.runner import Runner
 from tether.engine.timers import local_time
@@ -185,7 +186,7 @@ class Worker:
                     await self._pause(self.outage.failed(error), stop)
                     continue
                 if until_idle and not self.active and not claimed and not self._stranded \
-                        and not await self._held_by_the_dead():
+                        and not await self._held_by_the_dead() and not await self._held_back():
                     return
                 await self._wait_for_change(stop)
         finally:
@@ -274,6 +275,12 @@ class Worker:
             self._leases_seen[task.task_id] = until
             waiting.append(task)
         return bool(waiting)
+
+    async def _held_back(self) -> bool:
+        """Whether a run until idle must go on: a task held back by a limit runs as soon as
+        a slot is let go or its window moves on, so it is waited for."""
+        return any(task.lease_owner is None and (task.reason or "").startswith(HELD_BACK)
+                   for task in await self.harness.running_tasks(LEASES_LOOKED_AT))
 
     async def _wait_for_change(self, stop: asyncio.Event | None) -> None:
         """Until a task ends, work arrives (stored here, or seen by :meth:`_watch`), a poll

@@ -16,8 +16,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from tether.model import EmitReceipt, Event, IdempotencyRecord, Status, TaskRecord
-from tether.store import steps
-from tether.store.base import InboxLimits, StoredEvent, TaskQuery
+from tether.store import limit_steps, steps
+from tether.store.base import (
+    InboxLimits,
+    LimitAnswer,
+    LimitRequest,
+    LimitUsage,
+    StoredEvent,
+    TaskQuery,
+)
 from tether.store.steps import Steps
 
 T = TypeVar("T")
@@ -40,6 +47,18 @@ class SQLBackend(ABC):
     async def create_task(self, record: TaskRecord, head: bytes, wake_at: float | None = None,
                           blobs: Mapping[str, bytes] | None = None) -> None:
         await self._write(steps.create_task(record, head, wake_at, blobs or {}))
+
+    async def acquire_limit(self, request: LimitRequest, now: float) -> LimitAnswer:
+        return await self._write(limit_steps.acquire(request, now))
+
+    async def release_limit(self, name: str, key: str, holder: str, now: float) -> None:
+        await self._write(limit_steps.release(name, key, holder, now))
+
+    async def block_limit(self, name: str, key: str, until: float, now: float) -> None:
+        await self._write(limit_steps.block(name, key, until, now))
+
+    async def limit_usage(self, now: float) -> list[LimitUsage]:
+        return await self._read(limit_steps.usage(now))
 
     async def wake_all(self, status: Status, now: float) -> int:
         return await self._write(steps.wake_all(status, now))

@@ -95,6 +95,48 @@ class TaskQuery:
 
 
 @dataclass(frozen=True)
+class LimitRequest:
+    """A call (or a plan) asking to be admitted under one named limit and key."""
+
+    name: str
+    key: str
+    task_id: str
+    fence: int
+    """The fence of the claim the task runs under: the hold counts while it is current."""
+    holder: str
+    """What holds the slot (a call's idempotency key): admitting it again is a no-op."""
+    priority: int = 2
+    concurrency: int | None = None
+    rate: tuple[int, float] | None = None
+    """At most this many admissions in any window of this many seconds."""
+
+
+@dataclass(frozen=True)
+class LimitAnswer:
+    """Admitted, or held back until *retry_at* at the latest (sooner if a slot is let go)."""
+
+    granted: bool
+    retry_at: float | None = None
+    why: str = ""
+
+    def parked(self) -> tuple[float, str]:
+        """When the task held back looks again, and the reason people see meanwhile."""
+        return (self.retry_at if self.retry_at is not None else 0.0), self.why
+
+
+@dataclass(frozen=True)
+class LimitUsage:
+    """One limit and key as operators see it."""
+
+    name: str
+    key: str
+    in_use: int
+    waiting: int
+    admitted_last_minute: int
+    blocked_until: float | None
+
+
+@dataclass(frozen=True)
 class StoredEvent:
     """An event as the store holds it."""
 
@@ -178,6 +220,16 @@ class WorkerStore(SnapshotReads, Protocol):
     async def get_idempotency(self, key: str) -> IdempotencyRecord | None:
         """The record for one idempotency key."""
 
+    async def acquire_limit(self, request: LimitRequest, now: float) -> LimitAnswer:
+        """Admit *request* under its limit, or hold its task back: the task is put in the
+        limit's queue (by priority, then age) and told when to look again."""
+
+    async def release_limit(self, name: str, key: str, holder: str, now: float) -> None:
+        """Let *holder*'s slot go and wake the first task waiting for the limit."""
+
+    async def block_limit(self, name: str, key: str, until: float, now: float) -> None:
+        """Admit nobody under the limit before *until* (a provider answered 429)."""
+
     async def wake_all(self, status: Status, now: float) -> int:
         """Mark every task in *status* due for a look now; returns how many."""
 
@@ -210,6 +262,10 @@ class ReadStore(SnapshotReads, Protocol):
         """A page of tasks matching *query*: people's work first (needs a person, running,
         paused, waiting, pending, failed, completed, cancelled), newest change first within
         each, so a list of millions pages without loading them."""
+
+    async def limit_usage(self, now: float) -> list[LimitUsage]:
+        """Every limit and key in use or known: slots held, tasks waiting, admissions in the
+        last minute, and a 429's block still in force."""
 
     async def count_by_status(self) -> dict[str, int]:
         """How many tasks are in each status."""

@@ -139,3 +139,48 @@ def pyformat(sql: str) -> str:
     """*sql* with PostgreSQL's (psycopg's) placeholders: ``?`` becomes ``%s``, a literal ``%``
     doubles. No statement here has a ``?`` inside a string literal."""
     return sql.replace("%", "%%").replace("?", "%s")
+
+# ------------------------------------------------------------------ named limits
+
+LIMIT_ROW = ("INSERT INTO limit_locks (name, key, blocked_until) VALUES (?, ?, NULL)"
+             " ON CONFLICT (name, key) DO NOTHING")
+LIMIT_LOCK = "SELECT blocked_until FROM limit_locks WHERE name = ? AND key = ?"
+LIMIT_BLOCK = ("UPDATE limit_locks SET blocked_until = ? WHERE name = ? AND key = ?"
+               " AND (blocked_until IS NULL OR blocked_until < ?)")
+_LIVE_HOLD = ("EXISTS (SELECT 1 FROM tasks t WHERE t.task_id = limit_holds.task_id"
+              " AND t.fence = limit_holds.fence AND t.lease_owner IS NOT NULL)")
+LIMIT_DROP_DEAD_HOLDS = f"DELETE FROM limit_holds WHERE name = ? AND key = ? AND NOT {_LIVE_HOLD}"
+LIMIT_HOLDS = "SELECT holder FROM limit_holds WHERE name = ? AND key = ?"
+LIMIT_HOLD = ("INSERT INTO limit_holds (name, key, holder, task_id, fence, since)"
+              " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name, key, holder) DO UPDATE"
+              " SET task_id = excluded.task_id, fence = excluded.fence, since = excluded.since")
+LIMIT_UNHOLD = "DELETE FROM limit_holds WHERE name = ? AND key = ? AND holder = ?"
+_OPEN_WAITER = (f"EXISTS (SELECT 1 FROM tasks t WHERE t.task_id = limit_waiters.task_id"
+                f" AND t.status IN {OPEN})")
+LIMIT_DROP_GONE_WAITERS = ("DELETE FROM limit_waiters WHERE name = ? AND key = ?"
+                           f" AND (expires <= ? OR NOT {_OPEN_WAITER})")
+LIMIT_WAITER_SINCE = ("SELECT since, priority FROM limit_waiters WHERE name = ? AND key = ?"
+                      " AND task_id = ?")
+LIMIT_AHEAD = ("SELECT task_id FROM limit_waiters WHERE name = ? AND key = ? AND task_id <> ?"
+               " AND (priority < ? OR (priority = ? AND since < ?))"
+               " ORDER BY priority, since, task_id LIMIT 1")
+LIMIT_FIRST_WAITER = ("SELECT task_id FROM limit_waiters WHERE name = ? AND key = ?"
+                      " ORDER BY priority, since, task_id LIMIT 1")
+LIMIT_WAIT = ("INSERT INTO limit_waiters (name, key, task_id, priority, since, expires)"
+              " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name, key, task_id) DO UPDATE"
+              " SET expires = excluded.expires, priority = CASE WHEN excluded.priority"
+              " < limit_waiters.priority THEN excluded.priority ELSE limit_waiters.priority END")
+LIMIT_UNWAIT = "DELETE FROM limit_waiters WHERE name = ? AND key = ? AND task_id = ?"
+LIMIT_FORGET_GRANTS = "DELETE FROM limit_grants WHERE name = ? AND key = ? AND at <= ?"
+LIMIT_GRANTS = "SELECT COUNT(*) AS n, MIN(at) AS oldest FROM limit_grants WHERE name = ? AND key = ?"
+LIMIT_GRANT = "INSERT INTO limit_grants (name, key, at, holder) VALUES (?, ?, ?, ?)"
+WAKE_PARKED = "UPDATE tasks SET wake_at = ? WHERE task_id = ? AND lease_owner IS NULL"
+LIMIT_USAGE = (
+    "SELECT l.name, l.key, l.blocked_until,"
+    f" (SELECT COUNT(*) FROM limit_holds WHERE limit_holds.name = l.name"
+    f"  AND limit_holds.key = l.key AND {_LIVE_HOLD}) AS in_use,"
+    f" (SELECT COUNT(*) FROM limit_waiters WHERE limit_waiters.name = l.name"
+    f"  AND limit_waiters.key = l.key AND expires > ? AND {_OPEN_WAITER}) AS waiting,"
+    " (SELECT COUNT(*) FROM limit_grants g WHERE g.name = l.name AND g.key = l.key"
+    "  AND g.at > ?) AS admitted_last_minute"
+    " FROM limit_locks l ORDER BY l.name, l.key")

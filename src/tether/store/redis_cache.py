@@ -68,6 +68,10 @@ class CachedStore:
         self.ping = inner.ping
         self.list_tasks = inner.list_tasks
         self.find_tasks = inner.find_tasks
+        self.acquire_limit = inner.acquire_limit
+        self.release_limit = inner.release_limit
+        self.block_limit = inner.block_limit
+        self.limit_usage = inner.limit_usage
         self.count_by_status = inner.count_by_status
         self.count_pending_events = inner.count_pending_events
         self.list_events = inner.list_events

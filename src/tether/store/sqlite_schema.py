@@ -13,7 +13,8 @@ from tether.store import sqlite_integrity
 from tether.store.sqlite_faults import DAMAGE, Damage, classify, damaged, what_to_do
 from tether.store.sqlite_group_commit import write_transaction
 
-SCHEMA_VERSION = "3"  # 2: the blob table (R20); 3: snapshots and history as rowid tables
+SCHEMA_VERSION = "4"  # 2: the blob table (R20); 3: snapshots and history as rowid tables;
+# 4: the named limits shared by all workers
 
 
 @functools.cache

@@ -92,3 +92,42 @@ CREATE TABLE IF NOT EXISTS blobs (
     data       BLOB NOT NULL,
     created_at REAL NOT NULL
 ) WITHOUT ROWID;
+
+-- Named limits shared by every worker: one row per limit and key, locked by whoever admits a
+-- call under it, and the time a provider's 429 blocks it until.
+CREATE TABLE IF NOT EXISTS limit_locks (
+    name          TEXT NOT NULL,
+    key           TEXT NOT NULL,
+    blocked_until REAL,
+    PRIMARY KEY (name, key)
+) WITHOUT ROWID;
+-- Calls (or plans) holding a slot of a concurrency limit; a hold counts while its task is
+-- still leased under the same fence, so a dead worker's holds end when its task is taken over.
+CREATE TABLE IF NOT EXISTS limit_holds (
+    name    TEXT NOT NULL,
+    key     TEXT NOT NULL,
+    holder  TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    fence   INTEGER NOT NULL,
+    since   REAL NOT NULL,
+    PRIMARY KEY (name, key, holder)
+) WITHOUT ROWID;
+-- Tasks held back by a limit, served by priority, then by how long they have waited; a row
+-- whose task stopped asking (it expires a little after its next try) no longer counts.
+CREATE TABLE IF NOT EXISTS limit_waiters (
+    name     TEXT NOT NULL,
+    key      TEXT NOT NULL,
+    task_id  TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    since    REAL NOT NULL,
+    expires  REAL NOT NULL,
+    PRIMARY KEY (name, key, task_id)
+) WITHOUT ROWID;
+-- When each call under a rate limit was admitted, for the sliding window.
+CREATE TABLE IF NOT EXISTS limit_grants (
+    name   TEXT NOT NULL,
+    key    TEXT NOT NULL,
+    at     REAL NOT NULL,
+    holder TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS limit_grants_by_time ON limit_grants (name, key, at);

@@ -1,0 +1,109 @@
+"""Named limits in the store, shared by every worker on every machine: admitting a call under
+a concurrency or rate limit, letting it go, and a provider's 429 blocking a limit for all.
+
+Written once as steps (:mod:`tether.store.steps`) for every SQL backend. Each admission locks
+its limit's row (PostgreSQL: ``FOR UPDATE``; SQLite: the file's write lock), so two workers
+never both take the last slot. A hold counts while its task is leased under the fence it was
+taken with: a worker that dies frees its slots when its task is taken over, with no clock
+involved. Tasks held back wait in the store, served by priority, then by how long they have
+waited; letting a slot go wakes the first of them.
+"""
+
+from __future__ import annotations
+
+from tether.store import queries as q
+from tether.store.base import LimitAnswer, LimitRequest, LimitUsage
+from tether.store.steps import Notify, Steps, change, every, one
+
+BACKSTOP = 5.0
+"""Seconds after which a task held back by a concurrency limit looks again even if no slot
+was let go (a holder that died frees its slot only when its task is taken over)."""
+
+
+def acquire(request: LimitRequest, now: float) -> Steps[LimitAnswer]:
+    name, key = request.name, request.key
+    yield change(q.LIMIT_ROW, name, key)
+    lock = yield one(q.LIMIT_LOCK, name, key, lock=True)
+    blocked = lock["blocked_until"] if lock is not None else None
+    if blocked is not None and blocked > now:
+        return (yield from _hold_back(request, now, float(blocked),
+                                      "the provider asked everyone to wait (429)"))
+    if request.concurrency is not None:
+        yield change(q.LIMIT_DROP_DEAD_HOLDS, name, key)
+        holders = [row["holder"] for row in (yield every(q.LIMIT_HOLDS, name, key))]
+        if request.holder in holders:
+            return LimitAnswer(True)  # taken already (a retried admission)
+        if len(holders) >= request.concurrency:
+            return (yield from _hold_back(request, now, now + BACKSTOP,
+                                          f"{len(holders)} of {request.concurrency} in use"))
+    ahead = yield from _waiter_ahead(request, now)
+    if ahead is not None:
+        yield from _wake(ahead, now)  # a slot is free: the one ahead takes it first
+        return (yield from _hold_back(request, now, now + BACKSTOP, "others wait ahead"))
+    if request.rate is not None:
+        count, seconds = request.rate
+        yield change(q.LIMIT_FORGET_GRANTS, name, key, now - seconds)
+        window = yield one(q.LIMIT_GRANTS, name, key)
+        if window is not None and int(window["n"]) >= count:
+            return (yield from _hold_back(request, now, float(window["oldest"]) + seconds,
+                                          f"{count} admitted in the last {seconds:g}s"))
+        yield change(q.LIMIT_GRANT, name, key, now, request.holder)
+    if request.concurrency is not None:
+        yield change(q.LIMIT_HOLD, name, key, request.holder, request.task_id, request.fence,
+                     now)
+    unqueued = yield change(q.LIMIT_UNWAIT, name, key, request.task_id)
+    if unqueued:  # it was first in line: the next may fit too, and looks at once
+        following = yield one(q.LIMIT_FIRST_WAITER, name, key)
+        if following is not None:
+            yield from _wake(str(following["task_id"]), now)
+    return LimitAnswer(True)
+
+
+def _waiter_ahead(request: LimitRequest, now: float) -> Steps[str | None]:
+    """Another task still waiting that comes before this one (by priority, then age)."""
+    yield change(q.LIMIT_DROP_GONE_WAITERS, request.name, request.key, now)
+    mine = yield one(q.LIMIT_WAITER_SINCE, request.name, request.key, request.task_id)
+    since = float(mine["since"]) if mine is not None else now
+    priority = min(request.priority, int(mine["priority"])) if mine is not None \
+        else request.priority
+    row = yield one(q.LIMIT_AHEAD, request.name, request.key, request.task_id, priority,
+                    priority, since)
+    return None if row is None else str(row["task_id"])
+
+
+def _hold_back(request: LimitRequest, now: float, retry_at: float, why: str
+               ) -> Steps[LimitAnswer]:
+    yield change(q.LIMIT_WAIT, request.name, request.key, request.task_id, request.priority, now,
+                 retry_at + BACKSTOP)
+    return LimitAnswer(False, retry_at, why)
+
+
+def release(name: str, key: str, holder: str, now: float) -> Steps[None]:
+    """Let a slot go and wake the first task waiting for this limit."""
+    yield change(q.LIMIT_UNHOLD, name, key, holder)
+    yield change(q.LIMIT_DROP_GONE_WAITERS, name, key, now)
+    first = yield one(q.LIMIT_FIRST_WAITER, name, key)
+    if first is not None:
+        yield from _wake(str(first["task_id"]), now)
+
+
+def _wake(task_id: str, now: float) -> Steps[None]:
+    woken = yield change(q.WAKE_PARKED, now, task_id)
+    if woken:
+        yield Notify(task_id)
+
+
+def block(name: str, key: str, until: float, now: float) -> Steps[None]:
+    """A provider said "wait until *until*" (a 429 with Retry-After): nobody is admitted
+    under this limit before then."""
+    yield change(q.LIMIT_ROW, name, key)
+    yield change(q.LIMIT_BLOCK, until, name, key, until)
+
+
+def usage(now: float) -> Steps[list[LimitUsage]]:
+    found = yield every(q.LIMIT_USAGE, now, now - 60.0)
+    return [LimitUsage(str(row["name"]), str(row["key"]), int(row["in_use"]),
+                       int(row["waiting"]), int(row["admitted_last_minute"]),
+                       float(row["blocked_until"]) if row["blocked_until"] is not None
+                       and float(row["blocked_until"]) > now else None)
+            for row in found]
