@@ -51,6 +51,7 @@ from tether.model import (
 )
 from tether.protocol import InterruptionProtocol, Rule
 from tether.settings import Settings
+from tether.throttling import Limit
 from tether.tools import RetryPolicy, Tool, ToolContext, ToolPolicy, current_call
 
 __version__ = "0.1.0"
@@ -75,6 +76,7 @@ __all__ = [
     "InterruptionProtocol",
     "InvalidInput",
     "LeaseLost",
+    "Limit",
     "NeedsPerson",
     "NotRetryable",
     "OutcomeUnknown",

@@ -8,13 +8,14 @@ are typed against reads only.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tether import blobs
 from tether.model import IdempotencyRecord, Status, TaskRecord
-from tether.store import ReadStore, StoredEvent, TaskQuery
+from tether.store import LimitUsage, ReadStore, StoredEvent, TaskQuery
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,11 @@ class TaskReader:
     async def find(self, query: TaskQuery) -> list[TaskRecord]:
         """One page of tasks as a person browses them (see :meth:`Store.find_tasks`)."""
         return await self.store.find_tasks(query)
+
+    async def limits(self) -> list[LimitUsage]:
+        """Every named limit in use: slots held, tasks held back, recent admissions, a
+        provider's block still in force."""
+        return await self.store.limit_usage(time.time())
 
     async def counts(self) -> dict[str, int]:
         """How many tasks are in each status (a status with none may be left out)."""

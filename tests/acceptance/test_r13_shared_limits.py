@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -220,3 +221,35 @@ async def test_a_limit_declared_but_not_defined_stops_the_task_with_its_name() -
     assert info.record.status is tt.Status.NEEDS_HUMAN
     assert "limit 'nowhere' is declared but not defined" in info.record.reason
     assert spans == []
+
+
+async def test_a_model_s_429_closes_the_agent_s_limit_for_every_task(tmp_path: Path) -> None:
+    """A ChatAgent with limits: the provider's 429 with Retry-After is not waited out by the
+    one task that met it; the limit closes for all, and the plan is made again after."""
+    from tether.agents.chat import ChatAgent
+    from tether.testing.fake_openai import FakeOpenAI, failure, reply
+
+    with FakeOpenAI() as fake:
+        fake.add(failure(429, "slow down", headers={"retry-after": "1"}), reply("Done."))
+        h = tt.Harness(f"sqlite:///{tmp_path / 'chat.db'}", settings=fast_settings())
+        h.limit("openai", concurrency=4)
+        h.add_agent("chat", ChatAgent("fake-model", base_url=fake.url, api_key="none",
+                                      limits=("openai",)))
+        task_id = await h.submit("chat", "hello")
+        running = asyncio.create_task(h.run_until_idle(timeout=30))
+        blocked = None
+        for _ in range(500):
+            usage = await h.store.limit_usage(time.time())
+            if usage and usage[0].blocked_until:
+                blocked = usage[0].blocked_until
+                break
+            await asyncio.sleep(0.01)
+        assert blocked is not None
+        record = await h.store.get_task(task_id)
+        await running
+        info = await h.get(task_id)
+        assert info.record.status is tt.Status.COMPLETED and info.snapshot.result == "Done."
+        assert fake.completions == 2
+        assert info.snapshot.recovery.attempts == 0
+        assert record.reason is None or "held back by limit openai" in record.reason
+        await h.close()

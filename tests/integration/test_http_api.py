@@ -18,8 +18,11 @@ import httpx
 import orjson
 import pytest
 import uvicorn
+from click.testing import CliRunner
 
 import tether as tt
+from tether.cli.main import main
+from tether.store import LimitRequest
 from tether.web.server import ServerConfig, create_app, sign
 
 OPERATOR, READER = "operator-token-0123456789abcdef", "reader-token-0123456789abcdef"
@@ -547,3 +550,38 @@ async def test_r26_the_task_list_filters_searches_and_pages(
     assert reason and f'class="reason" title="{reason[:40]}' in rows.replace("&#39;", "'")
     assert re.search(r'<span class="ago" title="\d{4}-\d\d-\d\dT[^"]+">(just now|\d+ s ago)<',
                      rows)
+
+
+async def test_limits_are_visible_in_metrics_the_console_and_the_cli(
+        api: tuple[httpx.AsyncClient, tt.Harness], tmp_path: Path) -> None:
+    """Issue 19: a limit in use, with a task held back and a 429's block, as /metrics, the
+    console's list and `tether limits` show it."""
+    client, harness = api
+    harness.limit("provider", concurrency=1)
+    holder = await harness.submit("gate", task_id="holder")
+    waiter = await harness.submit("gate", task_id="waiter")
+    now = time.time()
+    claims = [await harness.store.claim_task(t, "w1", now, 30) for t in (holder, waiter)]
+    requests = [LimitRequest("provider", "", c.task_id, c.fence, c.task_id, concurrency=1)
+                for c in claims if c is not None]
+    assert (await harness.store.acquire_limit(requests[0], now)).granted
+    assert not (await harness.store.acquire_limit(requests[1], now)).granted
+    await harness.store.block_limit("provider", "", now + 120, now)
+
+    metrics = (await client.get("/metrics", headers=auth(READER))).text
+    assert 'tether_limit_in_use{key="",limit="provider"} 1.0' in metrics
+    assert 'tether_limit_waiting{key="",limit="provider"} 1.0' in metrics
+    blocked = re.search(r'tether_limit_blocked_seconds\{key="",limit="provider"\} ([\d.]+)',
+                        metrics)
+    assert blocked and 100 < float(blocked[1]) <= 120
+    origin = await sign_in(client, READER)
+    listing = (await client.get("/console", headers=origin)).text
+    assert 'id="limits"' in listing and "<td>provider</td>" in listing
+
+    result = await asyncio.to_thread(  # the CLI runs its own event loop
+        CliRunner().invoke, main, ["--store", harness.store_url or "", "limits"],
+        env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.output.splitlines() if "provider" in line)
+    assert "(not in this app)" in row  # the CLI's default app does not define it
+    assert [cell for cell in row.replace("│", " ").split() if cell.isdigit()][:2] == ["1", "1"]

@@ -96,8 +96,9 @@ class ChatAgent(Agent):
                  stream: bool = True, timeout: float = 120.0, context_tokens: int = 100_000,
                  keep_recent: int = 12, memory_hits: int = 5,
                  options: RequestOptions | None = None, retry: RetryPolicy | None = None,
-                 corrections: int = 2) -> None:
+                 corrections: int = 2, limits: Sequence[str] = ()) -> None:
         self.model = model or os.environ.get("OPENAI_MODEL") or ""
+        self.limits = tuple(limits)
         if not self.model:
             raise ConfigurationError("ChatAgent needs a model name (model= or OPENAI_MODEL)")
         if corrections < 0 or timeout <= 0 or keep_recent < 0:
@@ -259,7 +260,7 @@ class ChatAgent(Agent):
         fields = self.options.fields(self.schemas if offer_tools else [], self.stream)
         started = time.monotonic()
         answer = await with_retries(lambda: self._attempt(messages, fields), self.retry,
-                                    f"model {self.model}")
+                                    f"model {self.model}", shared=bool(self.limits))
         answer.seconds = time.monotonic() - started
         return answer
 

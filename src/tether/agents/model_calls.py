@@ -33,7 +33,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from tether.errors import ConfigurationError, MissingExtra, NeedsPerson, TetherError
+from tether.errors import (
+    ConfigurationError,
+    MissingExtra,
+    NeedsPerson,
+    RateLimited,
+    TetherError,
+)
 
 try:
     from openai import APIConnectionError, APIStatusError, APITimeoutError, OpenAIError
@@ -153,20 +159,33 @@ class RetryPolicy:
 
 
 async def with_retries(attempt: Callable[[], Awaitable[T]], policy: RetryPolicy,
-                       what: str) -> T:
-    """Run *attempt*, retrying transient failures under *policy*; other errors pass at once."""
+                       what: str, *, shared: bool = False) -> T:
+    """Run *attempt*, retrying transient failures under *policy*; other errors pass at once.
+    With *shared* (the agent declares named limits), a 429 is not waited out here: it is
+    raised as :class:`RateLimited`, so the limits close for every task until Retry-After."""
     for retry in range(1, policy.attempts + 1):
         try:
             return await attempt()
         except (ModelTimeout, OpenAIError) as error:
+            _share_a_429(error, shared, policy, retry, what)
             if not transient(error) or retry == policy.attempts:
                 raise _as_model_error(error, what, retry) from None
             await _wait_to_retry(error, policy, retry, what)
         except Exception as error:  # a framework's own error (PydanticAI's ModelHTTPError)
+            _share_a_429(error, shared, policy, retry, what)
             if not transient(error) or retry == policy.attempts:
                 raise
             await _wait_to_retry(error, policy, retry, what)
     raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _share_a_429(error: Exception, shared: bool, policy: RetryPolicy, retry: int,
+                 what: str) -> None:
+    status = getattr(error, "status_code", None) or getattr(error.__cause__, "status_code", None)
+    if shared and status == 429:
+        asked = retry_after(error)
+        raise RateLimited(asked if asked is not None else policy.delay(retry, None),
+                          f"{what}: the provider answered 429 ({describe(error)})") from None
 
 
 async def _wait_to_retry(error: Exception, policy: RetryPolicy, retry: int, what: str) -> None:

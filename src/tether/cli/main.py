@@ -360,6 +360,35 @@ def _row_content(row: Mapping[str, Any]) -> Any:
     return row.get("content", row.get("tool_call", row.get("error", "")))
 
 
+@main.command(name="limits")
+@click.option("--json", "as_json", is_flag=True)
+@reading_command
+async def show_limits(harness: tt.Harness, as_json: bool) -> None:
+    """Named limits as every worker shares them: slots in use, tasks held back, admissions in
+    the last minute, and a provider's 429 still closing one."""
+    usage = await harness.reads.limits()
+    if as_json:
+        print_json([plain(u) for u in usage])
+        return
+    if not usage:
+        defined = ", ".join(sorted(harness.limits)) or "none"
+        echo(f"no limit has admitted a call yet (defined by the app: {defined})")
+        return
+    table(["limit", "key", "size", "in use", "held back", "last minute", "closed until"],
+          [[u.name, u.key or "-", _limit_size(harness.limits.get(u.name)), u.in_use, u.waiting,
+            u.admitted_last_minute, local_time(u.blocked_until) if u.blocked_until else "-"]
+           for u in usage], no_wrap=[0, 3, 4, 5])
+
+
+def _limit_size(limit: tt.Limit | None) -> str:
+    if limit is None:
+        return "(not in this app)"
+    parts = [f"{limit.concurrency} at once"] if limit.concurrency else []
+    if limit.rate:
+        parts.append(f"{limit.rate[0]} per {limit.rate[1]:g}s")
+    return ", ".join(parts)
+
+
 @main.command()
 @click.argument("task_id")
 @click.option("--json", "as_json", is_flag=True)

@@ -233,7 +233,7 @@ class OpenAIAgentsAgent(Agent):
             return await _streamed(turn.model.stream_response(**args), partial)
 
         try:
-            response = await with_retries(once, self.retry, f"agent {self.name}")
+            response = await with_retries(once, self.retry, f"agent {self.name}", shared=bool(self.limits))
         except asyncio.CancelledError:  # a P0 (or a stop): keep what was said so far
             raise CutOff("".join(partial)) from None
         return response, time.monotonic() - started

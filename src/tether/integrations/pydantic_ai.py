@@ -206,7 +206,8 @@ class PydanticAIAgent(Agent):
         Also returns the names of the tools tether runs (not output tools)."""
         started = time.monotonic()
         response, new, runnable = await with_retries(lambda: self._one_request(history, prompt),
-                                                     self.retry, f"agent {self.name}")
+                                                     self.retry, f"agent {self.name}",
+                                                     shared=bool(self.limits))
         carried = task.scratch.pop("carried", None) or []
         usage = response.usage
         task.record_completion(response.model_name or "unknown", finish_reason=response.finish_reason,

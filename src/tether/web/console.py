@@ -115,7 +115,7 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
                     if page_no > 1 else "",
                     next_link="/console?" + urlencode({**query, "page": page_no + 1})
                     if more else "",
-                    total=sum(counts.values()),
+                    total=sum(counts.values()), limits=await harness.reads.limits(),
                     counts=[(s.value, counts[s.value]) for s in ORDER if s.value in counts])
 
     @app.get("/console/rows", response_class=HTMLResponse, include_in_schema=False)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -57,7 +57,7 @@ from tether.errors import (
 from tether.harness import Harness
 from tether.model import LARGEST_COUNT, EmitReceipt, Event, Status
 from tether.protocol import RESERVED_EVENTS
-from tether.store import TaskQuery
+from tether.store import LimitUsage, TaskQuery
 from tether.web.console import install_console
 from tether.web.live import StreamSlots, stream_response
 from tether.web.security import (
@@ -311,7 +311,7 @@ def create_app(harness: Harness, config: ServerConfig) -> FastAPI:
     async def metrics() -> Response:
         """Prometheus text format: this process's counters, and the store's gauges."""
         body = render_metrics(harness.counters, await harness.reads.counts(),
-                              await harness.reads.inbox_depth())
+                              await harness.reads.inbox_depth(), await harness.reads.limits())
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/api/tasks", status_code=201)
@@ -428,7 +428,8 @@ def _install_errors(app: FastAPI) -> None:
         return _json(500, "internal error; see the server's log")
 
 
-def render_metrics(counters: Mapping[str, int], tasks: Mapping[str, int], pending: int) -> bytes:
+def render_metrics(counters: Mapping[str, int], tasks: Mapping[str, int], pending: int,
+                   limits: Sequence[LimitUsage] = ()) -> bytes:
     """Counters and gauges in the Prometheus exposition format."""
     by_status = GaugeMetricFamily("tether_tasks", "Tasks in the store by status", labels=["status"])
     for status in Status:
@@ -455,8 +456,31 @@ def render_metrics(counters: Mapping[str, int], tasks: Mapping[str, int], pendin
     depth.add_metric([], pending)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Families([by_status, steps, recoveries, events, completions, tokens,
-                                   depth]))
+                                   depth, *_limit_gauges(limits)]))
     return generate_latest(registry)
+
+
+def _limit_gauges(limits: Sequence[LimitUsage]) -> list[Any]:
+    """Each named limit and key: slots in use, tasks held back, admissions in the last
+    minute, seconds a provider's 429 still closes it for."""
+    labels = ["limit", "key"]
+    families = {
+        "in_use": GaugeMetricFamily("tether_limit_in_use", "Slots of a limit held now", labels=labels),
+        "waiting": GaugeMetricFamily("tether_limit_waiting", "Tasks held back by a limit",
+                                     labels=labels),
+        "admitted": GaugeMetricFamily("tether_limit_admitted_last_minute",
+                                      "Calls a rate limit admitted in the last minute",
+                                      labels=labels),
+        "blocked": GaugeMetricFamily("tether_limit_blocked_seconds", "Seconds a provider's 429"
+                                     " still closes a limit for", labels=labels)}
+    now = time.time()
+    for usage in limits:
+        at = [usage.name, usage.key]
+        families["in_use"].add_metric(at, usage.in_use)
+        families["waiting"].add_metric(at, usage.waiting)
+        families["admitted"].add_metric(at, usage.admitted_last_minute)
+        families["blocked"].add_metric(at, max(0.0, (usage.blocked_until or now) - now))
+    return list(families.values())
 
 
 class _Families:
