@@ -326,19 +326,29 @@ def throughput_lines(found: dict[str, Any], ctx: Context) -> list[str]:
                   rows)]
 
 
-PYDANTIC_AI = Path(__file__).resolve().parents[1] / "docs" / "benchmarks-pydantic-ai.md"
-"""The tables of ``bench/pydantic_ai_durable.py --out``, a run of its own, copied in."""
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+COPIED = (
+    ("benchmarks-pydantic-ai.md", "PydanticAI agents: tether beside PydanticAI's DBOS integration",
+     "bench/pydantic_ai_durable.py"),
+    ("benchmarks-limits.md", "Shared limits: how exactly they hold, seen by the provider",
+     "bench/limits_accuracy.py"),
+    ("benchmarks-soak.md", "Soak: 100,000 tasks through one SQLite store with retention on",
+     "bench/soak_retention.py"),
+)
+"""Benchmarks run on their own (each needs agents or servers of its own): the tables each
+wrote with ``--out``, copied in."""
 
 
-def pydantic_ai_section() -> list[str]:
-    """PydanticAI agents under tether beside PydanticAI's DBOS integration, from the file
-    ``pydantic_ai_durable.py`` wrote (its run is separate: it needs its own agents)."""
-    if not PYDANTIC_AI.exists():
-        return []
-    return ["", "## PydanticAI agents: tether beside PydanticAI's DBOS integration", "",
-            "From a separate run of `bench/pydantic_ai_durable.py --out"
-            " docs/benchmarks-pydantic-ai.md`, copied here by `compare.py`.", "",
-            PYDANTIC_AI.read_text().strip()]
+def copied_sections() -> list[str]:
+    """The sections of the separately run benchmarks whose tables exist."""
+    lines: list[str] = []
+    for name, title, script in COPIED:
+        path = DOCS / name
+        if path.exists():
+            lines += ["", f"## {title}", "",
+                      f"From a separate run of `{script} --out docs/{name}`, copied here by"
+                      " `compare.py`.", "", path.read_text().strip()]
+    return lines
 
 
 def markdown(results: dict[str, Any], ctx: Context) -> str:
@@ -391,7 +401,7 @@ def markdown(results: dict[str, Any], ctx: Context) -> str:
     ]
     if ctx.postgres_skipped:
         lines += [f"PostgreSQL systems were left out: {ctx.postgres_skipped}", ""]
-    lines += pydantic_ai_section()
+    lines += copied_sections()
     return "\n".join(lines)
 
 

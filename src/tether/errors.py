@@ -73,6 +73,10 @@ class TaskClosed(TetherError):
     """The task has finished (completed, failed or cancelled) and takes no more events."""
 
 
+class TaskHeld(TetherError):
+    """A worker holds the task under a live lease: it cannot be deleted under the worker."""
+
+
 class InboxFull(TetherError):
     """The task's inbox is full: low-priority events are refused until it drains; retry later."""
 

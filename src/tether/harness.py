@@ -24,6 +24,7 @@ from tether.bundle import dumps_bundle, export_bundle
 from tether.engine.decisions import DECISIONS, Decision, call_awaiting_decision, in_doubt_message
 from tether.engine.forking import ForkPlan
 from tether.engine.forking import fork as fork_task
+from tether.engine.housekeeping import Swept, sweep
 from tether.engine.inbox import Inbox
 from tether.engine.loading import newest_readable
 from tether.engine.runner import Runner
@@ -359,6 +360,20 @@ class Harness:
         await fork_task(self.store, self.settings, plan, f"fork:{self.worker_id}")
         self.work_arrived.set()
         return fork_id
+
+    async def delete(self, task_id: str, *, by: str | None = None) -> None:
+        """Delete a task and everything it stored (snapshots, dialog, events, call records,
+        recovery log). Refused (:class:`TaskHeld`, nothing deleted) while a worker holds it:
+        cancel a running task first. Large values it alone used go with the next
+        housekeeping round (:meth:`housekeep`)."""
+        await self.store.delete_task(check_task_id(task_id), time.time())
+        self.log.info("task %s deleted by %s", task_id, _who(by))
+
+    async def housekeep(self, collect: bool = True) -> Swept:
+        """Delete the finished tasks past their retention (``Settings.retain_*``) and, with
+        *collect*, the large values no kept version refers to; workers do this every
+        ``housekeeping_interval`` by themselves."""
+        return await sweep(self.store, self.settings, self.log, collect)
 
     def degrade(self, detail: dict[str, Any] | str) -> None:
         """Degrade this whole worker (a model provider is down, say): each task it runs

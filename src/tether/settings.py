@@ -67,6 +67,16 @@ class Settings:
     """Seconds a snapshot head stays in the Redis cache after it was written or read."""
     postgres_pool_size: int = 10
     """Most connections one process holds to a PostgreSQL store."""
+    retain_completed: float | None = None
+    """Seconds a completed task is kept after it finished, then deleted with everything it
+    stored (None: kept for ever). Workers delete in the background, in batches."""
+    retain_failed: float | None = None
+    """The same for failed tasks (they may be resumed, so a longer keep is usual)."""
+    retain_cancelled: float | None = None
+    """The same for cancelled tasks."""
+    housekeeping_interval: float = 60.0
+    """How often a worker deletes the finished tasks past their retention and collects the
+    large values no kept version refers to any more."""
 
     def __post_init__(self) -> None:
         for name in ("max_recovery_attempts", "checkpoint_every_steps", "inbox_capacity",
@@ -76,14 +86,22 @@ class Settings:
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"setting {name} must be at least 1")
         for name in ("recovery_timeout", "lease_seconds", "poll_interval", "drain_timeout",
-                     "cache_ttl"):
+                     "cache_ttl", "housekeeping_interval"):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"setting {name} must be positive")
         if min(self.coalesce_window, self.recovery_backoff, self.defer_results_under) < 0:
             raise ConfigurationError(
                 "coalesce_window, recovery_backoff and defer_results_under cannot be negative")
+        if any(keep is not None and keep < 0 for keep in self.retention().values()):
+            raise ConfigurationError("retain_completed, retain_failed and retain_cancelled"
+                                     " cannot be negative (None keeps tasks for ever)")
         if self.sqlite_synchronous.upper() not in ("FULL", "NORMAL", "EXTRA"):
             raise ConfigurationError("sqlite_synchronous must be FULL, NORMAL or EXTRA")
+
+    def retention(self) -> dict[str, float | None]:
+        """Seconds each finished status is kept (None: for ever), by status name."""
+        return {"completed": self.retain_completed, "failed": self.retain_failed,
+                "cancelled": self.retain_cancelled}
 
     def replace(self, **changes: object) -> Settings:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

@@ -149,3 +149,16 @@ def test_fork_starts_a_new_task_from_a_kept_version_and_names_who(
     assert "already exists" in cli("fork", task_id, "--id", "refund-again", code=1)
     assert "no task 'ghost'" in cli("fork", "ghost", code=1)
     assert "is not kept" in cli("fork", task_id, "--from", "999", code=1)
+
+
+def test_delete_asks_first_and_gc_reports_what_it_removed(
+        cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    task_id = parked_in_doubt(cli, tmp_path)
+    result = CliRunner().invoke(main, ["delete", task_id], input="n\n")
+    assert result.exit_code == 1 and "everything it stored?" in result.output
+    assert json.loads(cli("show", task_id, "--json"))["snapshot"]["status"] == "needs_human"
+    assert cli("delete", task_id, "--yes") == f"{task_id}: deleted"
+    assert f"no task {task_id!r}" in cli("show", task_id, code=1)
+    assert "no task 'ghost'" in cli("delete", "ghost", "--yes", code=1)
+    assert cli("gc") == ("deleted 0 finished task(s) past their retention and 0 large"
+                         " value(s) nothing refers to")

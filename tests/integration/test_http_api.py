@@ -585,3 +585,36 @@ async def test_limits_are_visible_in_metrics_the_console_and_the_cli(
     row = next(line for line in result.output.splitlines() if "provider" in line)
     assert "(not in this app)" in row  # the CLI's default app does not define it
     assert [cell for cell in row.replace("│", " ").split() if cell.isdigit()][:2] == ["1", "1"]
+
+
+async def test_delete_over_http_and_from_the_console(
+        api: tuple[httpx.AsyncClient, tt.Harness]) -> None:
+    """Issue 19: an operator deletes a task (the API's DELETE, the console's form with its
+    box ticked); a read token cannot; a task a worker holds is refused with 409."""
+    client, harness = api
+    await harness.submit("gate", task_id="d1")
+    await harness.submit("gate", task_id="d2")
+    await harness.submit("gate", task_id="held")
+    await harness.run_until_idle(timeout=5)
+    assert (await client.delete("/api/tasks/d1", headers=auth(READER))).status_code == 403
+    gone = await client.delete("/api/tasks/d1", headers=auth(OPERATOR))
+    assert gone.status_code == 200 and gone.json() == {"deleted": "d1"}
+    assert (await client.delete("/api/tasks/d1", headers=auth(OPERATOR))).status_code == 404
+    assert await harness.store.claim_task("held", "w-elsewhere", time.time(), 30) is not None
+    busy = await client.delete("/api/tasks/held", headers=auth(OPERATOR))
+    assert busy.status_code == 409 and "w-elsewhere" in busy.json()["error"]
+
+    origin = await sign_in(client, OPERATOR)
+    page = await client.get("/console/tasks/d2")
+    assert 'action="/console/tasks/d2/delete"' in page.text
+    assert 'action="/console/tasks/held/delete"' not in (await client.get(
+        "/console/tasks/held")).text  # held by a worker: no such form
+    unticked = await client.post("/console/tasks/d2/delete", headers=origin,
+                                 data={"csrf": csrf_of(page.text)})
+    assert unticked.status_code == 303 and (await harness.store.get_task("d2"))
+    done = await client.post("/console/tasks/d2/delete", headers=origin,
+                             data={"csrf": csrf_of(page.text), "sure": "1"})
+    assert done.status_code == 303 and done.headers["location"] == "/console"
+    assert "task d2 deleted" in (await client.get("/console")).text
+    with pytest.raises(tt.TaskNotFound):
+        await harness.store.get_task("d2")

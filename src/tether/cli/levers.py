@@ -158,7 +158,25 @@ async def fork(harness: tt.Harness, task_id: str, version: int | None, new_task_
     echo(fork_id)
 
 
-LEVERS = (emit, resume, decide, rollback, cancel, fork)
+@click.command()
+@click.argument("task_id")
+@click.option("--yes", is_flag=True, help="Do not ask; delete.")
+@harness_command
+async def delete(harness: tt.Harness, task_id: str, yes: bool) -> None:
+    """Delete a task and everything it stored, for good.
+
+    Refused while a worker holds the task: cancel a running task first. Finished tasks are
+    also deleted by the workers once past their retention (Settings.retain_completed, ...).
+    """
+    record = await harness.reads.task(task_id)
+    if not yes and not click.confirm(f"delete task {task_id} ({record.status.value}) and"
+                                     " everything it stored?", err=True):
+        raise SystemExit(1)
+    await harness.delete(task_id, by=who())
+    echo(f"{task_id}: deleted")
+
+
+LEVERS = (emit, resume, decide, rollback, cancel, fork, delete)
 
 
 async def report_lever(harness: tt.Harness, task_id: str, receipt: tt.EmitReceipt,

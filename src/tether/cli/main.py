@@ -360,6 +360,16 @@ def _row_content(row: Mapping[str, Any]) -> Any:
     return row.get("content", row.get("tool_call", row.get("error", "")))
 
 
+@main.command()
+@harness_command
+async def gc(harness: tt.Harness) -> None:
+    """Delete the finished tasks past their retention and the large values nothing refers
+    to, now (workers do it every housekeeping_interval)."""
+    swept = await harness.housekeep()
+    echo(f"deleted {len(swept.tasks)} finished task(s) past their retention and"
+         f" {swept.blobs} large value(s) nothing refers to")
+
+
 @main.command(name="limits")
 @click.option("--json", "as_json", is_flag=True)
 @reading_command

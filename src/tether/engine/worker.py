@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 from tether.engine.admission import HELD_BACK
 from tether.engine.host import RunnerHost
+from tether.engine.housekeeping import keep_house
 from tether.engine.runner import Runner
 from tether.engine.timers import local_time
 from tether.errors import (
@@ -170,6 +171,8 @@ class Worker:
         a store that is not there yet like any other outage."""
         keeper = asyncio.create_task(self._keep_alive())
         watcher = asyncio.create_task(self._watch())
+        housekeeper = asyncio.create_task(keep_house(self.harness.store, self.harness.settings,
+                                                     self.harness.log))
         try:
             while not (stop and stop.is_set()) and self._fatal is None:
                 try:
@@ -191,9 +194,9 @@ class Worker:
                 await self._wait_for_change(stop)
         finally:
             await self._drain()
-            keeper.cancel()
-            watcher.cancel()
-            await asyncio.gather(keeper, watcher, return_exceptions=True)
+            for helper in (keeper, watcher, housekeeper):
+                helper.cancel()
+            await asyncio.gather(keeper, watcher, housekeeper, return_exceptions=True)
         if self._fatal is not None:
             raise self._fatal
 

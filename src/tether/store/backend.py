@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from tether.model import EmitReceipt, Event, IdempotencyRecord, Status, TaskRecord
-from tether.store import limit_steps, steps
+from tether.store import limit_steps, retention_steps, steps
 from tether.store.base import (
     InboxLimits,
     LimitAnswer,
@@ -59,6 +59,21 @@ class SQLBackend(ABC):
 
     async def limit_usage(self, now: float) -> list[LimitUsage]:
         return await self._read(limit_steps.usage(now))
+
+    async def delete_task(self, task_id: str, now: float) -> None:
+        await self._write(retention_steps.delete_task(task_id, now))
+
+    async def purge_finished(self, cutoffs: Mapping[str, float], now: float,
+                             limit: int = 500) -> list[str]:
+        return await self._write(retention_steps.purge(cutoffs, now, limit))
+
+    async def collect_blobs(self, now: float) -> int:
+        return await self._write_alone(retention_steps.collect_blobs(now))
+
+    async def _write_alone(self, work: Steps[T]) -> T:
+        """A write no commit of a snapshot may interleave with (SQLite: every write
+        transaction is alone already)."""
+        return await self._write(work)
 
     async def wake_all(self, status: Status, now: float) -> int:
         return await self._write(steps.wake_all(status, now))

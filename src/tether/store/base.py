@@ -230,6 +230,19 @@ class WorkerStore(SnapshotReads, Protocol):
     async def block_limit(self, name: str, key: str, until: float, now: float) -> None:
         """Admit nobody under the limit before *until* (a provider answered 429)."""
 
+    async def delete_task(self, task_id: str, now: float) -> None:
+        """Delete a task and everything it stored; :class:`TaskHeld` (nothing deleted) while
+        a live lease holds it, TaskNotFound if there is none."""
+
+    async def purge_finished(self, cutoffs: Mapping[str, float], now: float,
+                             limit: int = 500) -> list[str]:
+        """Delete up to *limit* finished tasks (status name -> cutoff: those that last
+        changed before it) that no live lease holds; the ids deleted."""
+
+    async def collect_blobs(self, now: float) -> int:
+        """Delete the large values no stored head refers to; how many. Commits of snapshots
+        wait meanwhile, so none can start referring to one as it goes."""
+
     async def wake_all(self, status: Status, now: float) -> int:
         """Mark every task in *status* due for a look now; returns how many."""
 

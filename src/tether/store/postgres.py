@@ -209,6 +209,11 @@ class PostgresStore(SQLBackend):
         async with self._tx() as conn:
             return await self._run(conn, work)
 
+    async def _write_alone(self, work: Steps[T]) -> T:
+        async with self._tx() as conn:
+            await conn.execute("LOCK TABLE snapshots IN SHARE MODE")  # commits wait
+            return await self._run(conn, work)
+
     async def _rows(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
         """One statement of PostgreSQL's own (psycopg placeholders) on a pooled connection."""
         async with self._connection() as conn:

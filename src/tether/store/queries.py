@@ -184,3 +184,17 @@ LIMIT_USAGE = (
     " (SELECT COUNT(*) FROM limit_grants g WHERE g.name = l.name AND g.key = l.key"
     "  AND g.at > ?) AS admitted_last_minute"
     " FROM limit_locks l ORDER BY l.name, l.key")
+
+# ------------------------------------------------------------------ retention
+
+TASK_FOR_DELETE = "SELECT status, lease_owner, lease_until FROM tasks WHERE task_id = ?"
+DELETE_TASK_ROWS = tuple(f"DELETE FROM {table} WHERE task_id = ?" for table in (
+    "snapshots", "history", "events", "idempotency", "recovery_log", "limit_holds",
+    "limit_waiters", "tasks"))
+"""Everything a task stored, its index row last."""
+EXPIRED = ("SELECT task_id FROM tasks WHERE status = ? AND updated_at < ?"
+           " AND (lease_owner IS NULL OR lease_until < ?) ORDER BY updated_at LIMIT ?")
+ANY_OLD_BLOB = "SELECT digest FROM blobs WHERE created_at < ? LIMIT 1"
+ALL_HEADS = "SELECT head FROM snapshots"
+BLOB_DIGESTS = "SELECT digest FROM blobs WHERE created_at < ?"
+DELETE_BLOB = "DELETE FROM blobs WHERE digest = ?"

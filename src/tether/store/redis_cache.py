@@ -72,6 +72,9 @@ class CachedStore:
         self.release_limit = inner.release_limit
         self.block_limit = inner.block_limit
         self.limit_usage = inner.limit_usage
+        self.delete_task = inner.delete_task  # a re-used id rewrites its cached heads
+        self.purge_finished = inner.purge_finished
+        self.collect_blobs = inner.collect_blobs
         self.count_by_status = inner.count_by_status
         self.count_pending_events = inner.count_pending_events
         self.list_events = inner.list_events

@@ -193,6 +193,7 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
                     can_resume=operator and not in_doubt and status in RESUMABLE,
                     can_rollback=operator and status is not Status.CANCELLED,
                     can_fork=operator,
+                    can_delete=operator and _deletable(info.record),
                     can_cancel=operator and not status.is_terminal,
                     can_send=operator and not status.is_terminal,
                     awaited=str(wait["event_type"]) if operator and wait
@@ -267,6 +268,12 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
             if lever == "fork":
                 fork_id, done = await _fork(harness, task_id, form, session.by)
                 return _back(session, fork_id, done, False)
+            if lever == "delete":
+                if form.get("sure") != "1":
+                    raise ValueError("tick the box to say you mean to delete it for good")
+                await harness.delete(task_id, by=session.by)
+                session.flash[:] = [*session.flash[-4:], (f"task {task_id} deleted", False)]
+                return RedirectResponse("/console", 303)
             done = await _pull(harness, task_id, lever, form, session.by)
         except (TetherError, ValueError) as exc:
             return _back(session, task_id, str(exc), True)
@@ -325,6 +332,12 @@ async def _fork(harness: Harness, task_id: str, form: Any, by: str) -> tuple[str
                                  by=by)
     return fork_id, f"forked from {task_id} version {version}" + (
         " (side effects redone)" if redo else "")
+
+
+def _deletable(record: Any) -> bool:
+    """No worker holds it (or it finished and its worker died before letting it go)."""
+    return record.lease_owner is None or (record.status.is_terminal
+                                          and (record.lease_until or 0) < time.time())
 
 
 def _version(form: Any) -> int:

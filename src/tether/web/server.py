@@ -48,6 +48,7 @@ from tether.errors import (
     StoreUnavailable,
     TaskClosed,
     TaskExists,
+    TaskHeld,
     TaskNotFound,
     TetherError,
     UnknownAgent,
@@ -98,7 +99,7 @@ log = logging.getLogger("tether.server")
 STATUS_FOR: dict[type[TetherError], int] = {
     TaskNotFound: 404, VersionNotFound: 404, UnknownAgent: 422, UnknownEventType: 422,
     InvalidInput: 422, TaskExists: 409, TaskClosed: 409, IllegalTransition: 409, InboxFull: 429,
-    ReservedEventType: 403, InDoubtCall: 409, StoreUnavailable: 503,
+    ReservedEventType: 403, InDoubtCall: 409, StoreUnavailable: 503, TaskHeld: 409,
 }
 """Any other TetherError is a 500 (its message scrubbed of paths); 503 comes with Retry-After."""
 TASK_ID = 128  # the longest id model.TASK_ID matches
@@ -356,6 +357,12 @@ def create_app(harness: Harness, config: ServerConfig) -> FastAPI:
         fork_id = await harness.fork(task_id, body.version, new_task_id=body.task_id,
                                      redo_side_effects=body.redo_side_effects, by=_by(request))
         return {"task_id": fork_id, "forked_from": task_id}
+
+    @app.delete("/api/tasks/{task_id}")
+    async def delete(task_id: str, request: Request) -> dict[str, str]:
+        """Delete the task and everything it stored; 409 while a worker holds it."""
+        await harness.delete(task_id, by=_by(request))
+        return {"deleted": task_id}
 
     @app.post("/api/tasks/{task_id}/cancel", status_code=202)
     async def cancel(task_id: str, request: Request) -> dict[str, Any]:

@@ -35,12 +35,14 @@ from tether.store.base import HistoryRow, Store
 from tether.store.conformance.helpers import claim, commit, event, limits, make_task
 from tether.store.conformance.inbox import InboxConformance
 from tether.store.conformance.limits import LimitConformance
+from tether.store.conformance.retention import RetentionConformance
 from tether.store.conformance.tasks import TaskConformance
 
 __all__ = ["DurableStoreConformance", "StoreConformance"]
 
 
-class StoreConformance(TaskConformance, InboxConformance, LimitConformance):
+class StoreConformance(TaskConformance, InboxConformance, LimitConformance,
+                       RetentionConformance):
     """Behaviour every :class:`Store` backend must show. Needs a ``store`` fixture."""
 
     pytestmark = [pytest.mark.asyncio]
