@@ -73,6 +73,10 @@ class TaskClosed(TetherError):
     """The task has finished (completed, failed or cancelled) and takes no more events."""
 
 
+class ScheduleNotFound(TetherError):
+    """No schedule has that name."""
+
+
 class TaskHeld(TetherError):
     """A worker holds the task under a live lease: it cannot be deleted under the worker."""
 

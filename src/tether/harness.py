@@ -8,6 +8,7 @@ what a task should do next; agents propose and the runner applies.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 import os
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
-from tether import blobs
+from tether import blobs, schedules
 from tether.agent import Agent
 from tether.bundle import dumps_bundle, export_bundle
 from tether.engine.decisions import DECISIONS, Decision, call_awaiting_decision, in_doubt_message
@@ -36,6 +37,7 @@ from tether.errors import (
     InDoubtCall,
     InvalidInput,
     ReservedEventType,
+    ScheduleNotFound,
     TaskNotFound,
     UnknownAgent,
 )
@@ -57,7 +59,7 @@ from tether.protocol import RESERVED_EVENTS, InterruptionProtocol, Rule
 from tether.reading import TaskReader
 from tether.resources import ResourceKind, ResourceKinds
 from tether.settings import Settings
-from tether.store import Store, open_store
+from tether.store import ScheduleRecord, Store, open_store
 from tether.telemetry import Telemetry
 from tether.throttling import Limit, make_limit
 from tether.tools import RetryPolicy, Tool, ToolFn
@@ -374,6 +376,59 @@ class Harness:
         *collect*, the large values no kept version refers to; workers do this every
         ``housekeeping_interval`` by themselves."""
         return await sweep(self.store, self.settings, self.log, collect)
+
+    # ------------------------------------------------------------------ schedules
+
+    async def schedule(self, name: str, cron: str, agent: str, input: Any = None, *,
+                       timezone: str = "UTC", catch_up: int = 0,
+                       paused: bool = False) -> ScheduleRecord:
+        """Start a task of *agent* with *input* at every time *cron* names, in *timezone*
+        (created, or its definition replaced). Runs missed while no worker ran are skipped,
+        or the most recent *catch_up* of them start late (see :mod:`tether.schedules`)."""
+        schedules.check(name, cron, timezone, catch_up)
+        if agent not in self.agents:
+            raise UnknownAgent(f"schedule {name}: no agent {agent!r} is registered (known:"
+                               f" {', '.join(sorted(self.agents)) or 'none'})")
+        now = time.time()
+        kept = await self.store.list_schedules(name)
+        record = ScheduleRecord(
+            name, cron, timezone, agent, _to_plain(input, self.settings.max_payload_bytes,
+                                                   "schedule input"), catch_up, paused,
+            schedules.next_after(cron, timezone, now),
+            kept[0].last_run_at if kept else None, kept[0].created_at if kept else now)
+        await self.store.put_schedule(record)
+        self.work_arrived.set()
+        return record
+
+    async def schedule_named(self, name: str) -> ScheduleRecord:
+        found = await self.store.list_schedules(name)
+        if not found:
+            raise ScheduleNotFound(f"no schedule {name!r}; `tether schedule ls` lists them")
+        return found[0]
+
+    async def pause_schedule(self, name: str, paused: bool = True) -> ScheduleRecord:
+        """Pause a schedule (or resume it: the next run is the next time from now; runs that
+        fell while it was paused are not started)."""
+        record = await self.schedule_named(name)
+        moved = dataclasses.replace(record, paused=paused, next_at=schedules.next_after(
+            record.cron, record.timezone, time.time()))
+        await self.store.put_schedule(moved)
+        return moved
+
+    async def run_schedule_now(self, name: str) -> str:
+        """Start one run of the schedule now, outside its times; the run's task id."""
+        record = await self.schedule_named(name)
+        task_id = schedules.run_id(name, time.time(), now=True)
+        await self.start_run(record, task_id)
+        return task_id
+
+    async def start_run(self, schedule: ScheduleRecord, task_id: str) -> None:
+        await self.submit(schedule.agent, schedule.input, task_id=task_id)
+
+    async def delete_schedule(self, name: str) -> None:
+        """Delete a schedule; the tasks it started stay."""
+        if not await self.store.delete_schedule(name):
+            raise ScheduleNotFound(f"no schedule {name!r}; nothing was deleted")
 
     def degrade(self, detail: dict[str, Any] | str) -> None:
         """Degrade this whole worker (a model provider is down, say): each task it runs

@@ -61,6 +61,7 @@ from tether.cli.render import (
     visible,
     visible_logs,
 )
+from tether.cli.schedules import schedule
 from tether.cli.serve import serve
 from tether.cli.watch import watch
 from tether.store import DEFAULT_URL, open_store
@@ -526,3 +527,4 @@ for _lever in LEVERS:
     main.add_command(_lever)
 main.add_command(watch)
 main.add_command(serve)
+main.add_command(schedule)

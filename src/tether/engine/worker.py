@@ -36,6 +36,7 @@ from tether.engine.admission import HELD_BACK
 from tether.engine.host import RunnerHost
 from tether.engine.housekeeping import keep_house
 from tether.engine.runner import Runner
+from tether.engine.scheduling import keep_schedules
 from tether.engine.timers import local_time
 from tether.errors import (
     CorruptSnapshot,
@@ -49,6 +50,7 @@ from tether.errors import (
 )
 from tether.model import Status, TaskRecord
 from tether.store import Claim
+from tether.store.base import ScheduleRecord
 from tether.store.retry import Outage
 from tether.tools import traceback_text
 
@@ -87,6 +89,10 @@ class WorkerHost(RunnerHost, Protocol):
 
     async def running_tasks(self, limit: int) -> list[TaskRecord]:
         """Tasks marked running, wherever they run (a run until idle looks for dead leases)."""
+
+    async def start_run(self, schedule: ScheduleRecord, task_id: str) -> None:
+        """Start one run of a schedule: its agent's task under *task_id* (TaskExists if it
+        was started already)."""
 
 
 def new_worker_id() -> str:
@@ -173,6 +179,8 @@ class Worker:
         watcher = asyncio.create_task(self._watch())
         housekeeper = asyncio.create_task(keep_house(self.harness.store, self.harness.settings,
                                                      self.harness.log))
+        scheduler = asyncio.create_task(keep_schedules(self.harness.store,
+                                                       self.harness.start_run, self.harness.log))
         try:
             while not (stop and stop.is_set()) and self._fatal is None:
                 try:
@@ -194,9 +202,10 @@ class Worker:
                 await self._wait_for_change(stop)
         finally:
             await self._drain()
-            for helper in (keeper, watcher, housekeeper):
+            helpers = (keeper, watcher, housekeeper, scheduler)
+            for helper in helpers:
                 helper.cancel()
-            await asyncio.gather(keeper, watcher, housekeeper, return_exceptions=True)
+            await asyncio.gather(*helpers, return_exceptions=True)
         if self._fatal is not None:
             raise self._fatal
 

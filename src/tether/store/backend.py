@@ -16,12 +16,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from tether.model import EmitReceipt, Event, IdempotencyRecord, Status, TaskRecord
-from tether.store import limit_steps, retention_steps, steps
+from tether.store import limit_steps, retention_steps, schedule_steps, steps
 from tether.store.base import (
     InboxLimits,
     LimitAnswer,
     LimitRequest,
     LimitUsage,
+    ScheduleRecord,
     StoredEvent,
     TaskQuery,
 )
@@ -74,6 +75,22 @@ class SQLBackend(ABC):
         """A write no commit of a snapshot may interleave with (SQLite: every write
         transaction is alone already)."""
         return await self._write(work)
+
+    async def put_schedule(self, schedule: ScheduleRecord) -> None:
+        await self._write(schedule_steps.put(schedule))
+
+    async def due_schedules(self, now: float, limit: int = 100) -> list[ScheduleRecord]:
+        return await self._read(schedule_steps.due(now, limit))
+
+    async def advance_schedule(self, name: str, expected: float, next_at: float | None,
+                               ran_at: float) -> bool:
+        return await self._write(schedule_steps.advance(name, expected, next_at, ran_at))
+
+    async def delete_schedule(self, name: str) -> bool:
+        return await self._write(schedule_steps.delete(name))
+
+    async def list_schedules(self, name: str | None = None) -> list[ScheduleRecord]:
+        return await self._read(schedule_steps.listed(name))
 
     async def wake_all(self, status: Status, now: float) -> int:
         return await self._write(steps.wake_all(status, now))

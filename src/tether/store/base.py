@@ -137,6 +137,23 @@ class LimitUsage:
 
 
 @dataclass(frozen=True)
+class ScheduleRecord:
+    """A cron schedule that starts tasks of *agent* with *input* (JSON), in *timezone*;
+    *catch_up* runs missed while no worker ran are started late (0: skipped)."""
+
+    name: str
+    cron: str
+    timezone: str
+    agent: str
+    input: Any
+    catch_up: int = 0
+    paused: bool = False
+    next_at: float | None = None
+    last_run_at: float | None = None
+    created_at: float = 0.0
+
+
+@dataclass(frozen=True)
 class StoredEvent:
     """An event as the store holds it."""
 
@@ -243,6 +260,20 @@ class WorkerStore(SnapshotReads, Protocol):
         """Delete the large values no stored head refers to; how many. Commits of snapshots
         wait meanwhile, so none can start referring to one as it goes."""
 
+    async def put_schedule(self, schedule: ScheduleRecord) -> None:
+        """Create a schedule, or replace its definition, pause and next time."""
+
+    async def due_schedules(self, now: float, limit: int = 100) -> list[ScheduleRecord]:
+        """Schedules not paused whose next time has come, the most overdue first."""
+
+    async def advance_schedule(self, name: str, expected: float, next_at: float | None,
+                               ran_at: float) -> bool:
+        """Move a schedule on from *expected* to *next_at* (a worker started its runs);
+        False if another worker moved it first, or it was paused or changed meanwhile."""
+
+    async def delete_schedule(self, name: str) -> bool:
+        """Delete a schedule (tasks it started stay); whether there was one."""
+
     async def wake_all(self, status: Status, now: float) -> int:
         """Mark every task in *status* due for a look now; returns how many."""
 
@@ -279,6 +310,9 @@ class ReadStore(SnapshotReads, Protocol):
     async def limit_usage(self, now: float) -> list[LimitUsage]:
         """Every limit and key in use or known: slots held, tasks waiting, admissions in the
         last minute, and a 429's block still in force."""
+
+    async def list_schedules(self, name: str | None = None) -> list[ScheduleRecord]:
+        """Every schedule by name (or the one named)."""
 
     async def count_by_status(self) -> dict[str, int]:
         """How many tasks are in each status."""

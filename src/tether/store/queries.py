@@ -198,3 +198,20 @@ ANY_OLD_BLOB = "SELECT digest FROM blobs WHERE created_at < ? LIMIT 1"
 ALL_HEADS = "SELECT head FROM snapshots"
 BLOB_DIGESTS = "SELECT digest FROM blobs WHERE created_at < ?"
 DELETE_BLOB = "DELETE FROM blobs WHERE digest = ?"
+
+# ------------------------------------------------------------------ schedules
+
+_SCHEDULE_COLUMNS = ("name, cron, timezone, agent, input, catch_up, paused, next_at, last_run_at,"
+                     " created_at")
+PUT_SCHEDULE = (f"INSERT INTO schedules ({_SCHEDULE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (name) DO UPDATE SET cron = excluded.cron,"
+                " timezone = excluded.timezone, agent = excluded.agent, input = excluded.input,"
+                " catch_up = excluded.catch_up, paused = excluded.paused,"
+                " next_at = excluded.next_at")
+GET_SCHEDULE = f"SELECT {_SCHEDULE_COLUMNS} FROM schedules WHERE name = ?"
+LIST_SCHEDULES = f"SELECT {_SCHEDULE_COLUMNS} FROM schedules ORDER BY name"
+DUE_SCHEDULES = (f"SELECT {_SCHEDULE_COLUMNS} FROM schedules WHERE next_at <= ? AND paused = 0"
+                 " ORDER BY next_at LIMIT ?")
+ADVANCE_SCHEDULE = ("UPDATE schedules SET next_at = ?, last_run_at = ? WHERE name = ?"
+                    " AND next_at = ? AND paused = 0")
+DELETE_SCHEDULE = "DELETE FROM schedules WHERE name = ?"

@@ -75,6 +75,11 @@ class CachedStore:
         self.delete_task = inner.delete_task  # a re-used id rewrites its cached heads
         self.purge_finished = inner.purge_finished
         self.collect_blobs = inner.collect_blobs
+        self.put_schedule = inner.put_schedule
+        self.due_schedules = inner.due_schedules
+        self.advance_schedule = inner.advance_schedule
+        self.delete_schedule = inner.delete_schedule
+        self.list_schedules = inner.list_schedules
         self.count_by_status = inner.count_by_status
         self.count_pending_events = inner.count_pending_events
         self.list_events = inner.list_events

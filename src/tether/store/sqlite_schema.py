@@ -14,7 +14,7 @@ from tether.store.sqlite_faults import DAMAGE, Damage, classify, damaged, what_t
 from tether.store.sqlite_group_commit import write_transaction
 
 SCHEMA_VERSION = "4"  # 2: the blob table (R20); 3: snapshots and history as rowid tables;
-# 4: the named limits shared by all workers
+# 4: the named limits shared by all workers and the cron schedules
 
 
 @functools.cache

@@ -36,13 +36,14 @@ from tether.store.conformance.helpers import claim, commit, event, limits, make_
 from tether.store.conformance.inbox import InboxConformance
 from tether.store.conformance.limits import LimitConformance
 from tether.store.conformance.retention import RetentionConformance
+from tether.store.conformance.schedules import ScheduleConformance
 from tether.store.conformance.tasks import TaskConformance
 
 __all__ = ["DurableStoreConformance", "StoreConformance"]
 
 
 class StoreConformance(TaskConformance, InboxConformance, LimitConformance,
-                       RetentionConformance):
+                       RetentionConformance, ScheduleConformance):
     """Behaviour every :class:`Store` backend must show. Needs a ``store`` fixture."""
 
     pytestmark = [pytest.mark.asyncio]

@@ -131,3 +131,19 @@ CREATE TABLE IF NOT EXISTS limit_grants (
     holder TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS limit_grants_by_time ON limit_grants (name, key, at);
+
+-- Cron schedules that start tasks; a worker that finds one due starts its runs (task ids
+-- made from the schedule and the time, so two workers start a run once) and moves next_at.
+CREATE TABLE IF NOT EXISTS schedules (
+    name        TEXT PRIMARY KEY,
+    cron        TEXT NOT NULL,
+    timezone    TEXT NOT NULL,
+    agent       TEXT NOT NULL,
+    input       BLOB NOT NULL,
+    catch_up    INTEGER NOT NULL,
+    paused      INTEGER NOT NULL,
+    next_at     REAL,
+    last_run_at REAL,
+    created_at  REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS schedules_due ON schedules (next_at);

@@ -1,0 +1,55 @@
+"""Conformance: cron schedules in the store (issue 19): definitions, what is due, and the one
+worker that moves a schedule on."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tether.store.base import ScheduleRecord, Store
+
+
+def nightly(name: str = "nightly", next_at: float | None = 1000.0, **changes: object
+            ) -> ScheduleRecord:
+    fields: dict[str, object] = {"name": name, "cron": "0 2 * * *", "timezone": "Europe/Paris",
+                                 "agent": "report", "input": {"scope": ["eu", "us"]},
+                                 "catch_up": 2, "next_at": next_at, "created_at": 900.0}
+    fields.update(changes)
+    return ScheduleRecord(**fields)  # type: ignore[arg-type]
+
+
+class ScheduleConformance:
+    """Schedules. Needs a ``store`` fixture."""
+
+    async def test_a_schedule_is_stored_whole_and_replaced_by_name(self, store: Store) -> None:
+        await store.put_schedule(nightly())
+        assert await store.list_schedules() == [nightly()]
+        assert await store.list_schedules("nightly") == [nightly()]
+        assert await store.list_schedules("other") == []
+        await store.put_schedule(nightly(cron="30 3 * * *", paused=True))
+        assert [(s.cron, s.paused) for s in await store.list_schedules()] == [("30 3 * * *", True)]
+
+    async def test_only_schedules_not_paused_and_due_are_due(self, store: Store) -> None:
+        await store.put_schedule(nightly("late", next_at=1000.0))
+        await store.put_schedule(nightly("later", next_at=1500.0))
+        await store.put_schedule(nightly("paused", next_at=900.0, paused=True))
+        await store.put_schedule(nightly("future", next_at=5000.0))
+        assert [s.name for s in await store.due_schedules(2000.0)] == ["late", "later"]
+        assert [s.name for s in await store.due_schedules(2000.0, limit=1)] == ["late"]
+
+    async def test_one_worker_moves_a_schedule_on(self, store: Store) -> None:
+        """Issue 19: workers that find the same run due race to move the schedule; one wins,
+        so a run is counted once, and a paused schedule is not moved."""
+        await store.put_schedule(nightly(next_at=1000.0))
+        moved = await asyncio.gather(*(store.advance_schedule("nightly", 1000.0, 87400.0, 1001.0)
+                                       for _ in range(5)))
+        assert sorted(moved) == [False, False, False, False, True]
+        got = (await store.list_schedules("nightly"))[0]
+        assert (got.next_at, got.last_run_at) == (87400.0, 1001.0)
+        await store.put_schedule(nightly(next_at=2000.0, paused=True))
+        assert not await store.advance_schedule("nightly", 2000.0, 3000.0, 2001.0)
+
+    async def test_a_deleted_schedule_is_gone(self, store: Store) -> None:
+        await store.put_schedule(nightly())
+        assert await store.delete_schedule("nightly")
+        assert not await store.delete_schedule("nightly")
+        assert await store.list_schedules() == []

@@ -1,0 +1,91 @@
+"""R13, E6 (issue 19): cron schedules stored in the store start tasks; missed runs are
+skipped or caught up (bounded); pause, resume, run now and delete; a worker that dies
+between starting a run and moving the schedule on does not start the run twice."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+from _support import fast_settings
+
+import tether as tt
+from tether import schedules
+from tether.engine.scheduling import fire_due
+
+
+def app() -> tt.Harness:
+    h = tt.Harness("memory://", settings=fast_settings())
+
+    @h.agent("report")
+    class Report(tt.Agent):
+        async def plan(self, t: tt.TaskView) -> tt.Action:
+            return tt.Finish({"scope": t.input})
+
+    return h
+
+
+async def started(h: tt.Harness) -> list[str]:
+    return sorted(t.task_id for t in await h.store.list_tasks())
+
+
+async def test_missed_runs_are_caught_up_to_the_bound_and_the_schedule_moves_on() -> None:
+    h = app()
+    record = await h.schedule("minutely", "* * * * *", "report", "eu", catch_up=2)
+    assert record.next_at is not None and record.next_at > time.time()
+    await h.store.put_schedule(dataclasses.replace(record, next_at=time.time() - 600))
+    assert await fire_due(h.store, h.start_run, h.log) == 3  # two late, one on time
+    runs = await started(h)
+    assert len(runs) == 3 and all(r.startswith("minutely-") for r in runs)
+    moved = await h.schedule_named("minutely")
+    assert moved.next_at is not None and moved.next_at > time.time()
+    assert await fire_due(h.store, h.start_run, h.log) == 0  # nothing is due any more
+    await h.run_until_idle(timeout=10)
+    assert {(await h.get(r)).snapshot.result["scope"] for r in runs} == {"eu"}
+    await h.close()
+
+
+async def test_a_worker_that_died_before_moving_the_schedule_does_not_run_it_twice() -> None:
+    h = app()
+    record = await h.schedule("hourly", "* * * * *", "report", "us")
+    due = dataclasses.replace(record, next_at=time.time() - 120)
+    await h.store.put_schedule(due)
+    for run in schedules.runs_due(due.cron, due.timezone, due.next_at, 0, time.time())[0]:
+        await h.start_run(due, schedules.run_id("hourly", run))
+    # ... and the worker died here, before moving the schedule on: the next one finds it due
+    assert await fire_due(h.store, h.start_run, h.log) == 0  # the run exists: not again
+    assert len(await started(h)) == 1
+    assert (await h.schedule_named("hourly")).next_at > time.time()  # type: ignore[operator]
+    await h.close()
+
+
+async def test_pause_resume_run_now_and_delete() -> None:
+    h = app()
+    await h.schedule("daily", "0 9 * * 1-5", "report", "all", timezone="Europe/Paris")
+    paused = await h.pause_schedule("daily")
+    assert paused.paused
+    assert await h.store.due_schedules(time.time() + 10 * 86400) == []
+    task_id = await h.run_schedule_now("daily")  # run now works while paused, once
+    assert task_id.startswith("daily-now-") and await started(h) == [task_id]
+    resumed = await h.pause_schedule("daily", paused=False)
+    assert not resumed.paused and resumed.next_at is not None and resumed.next_at > time.time()
+    await h.delete_schedule("daily")
+    with pytest.raises(tt.ScheduleNotFound, match="daily"):
+        await h.schedule_named("daily")
+    with pytest.raises(tt.ScheduleNotFound):
+        await h.delete_schedule("daily")
+    assert await started(h) == [task_id]  # its tasks stay
+    await h.close()
+
+
+async def test_a_schedule_is_refused_by_name_when_it_cannot_run() -> None:
+    h = app()
+    with pytest.raises(tt.UnknownAgent, match="nobody"):
+        await h.schedule("x", "* * * * *", "nobody")
+    with pytest.raises(tt.InvalidInput, match="not a cron expression"):
+        await h.schedule("x", "every day at nine", "report")
+    with pytest.raises(tt.InvalidInput, match="unknown time zone"):
+        await h.schedule("x", "* * * * *", "report", timezone="Nowhere/Land")
+    assert await h.store.list_schedules() == []
+    await h.close()
