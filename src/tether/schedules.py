@@ -49,7 +49,7 @@ def check(name: str, cron: str, timezone: str, catch_up: int) -> None:
 def zone(timezone: str) -> ZoneInfo:
     try:
         return ZoneInfo(timezone)
-    except (ZoneInfoNotFoundError, ValueError, TypeError):
+    except (ZoneInfoNotFoundError, ValueError, TypeError, OSError):
         raise InvalidInput(f"unknown time zone {str(timezone)[:60]!r} (an IANA name such as"
                            " 'Europe/Paris' or 'UTC')") from None
 

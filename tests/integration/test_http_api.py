@@ -618,3 +618,41 @@ async def test_delete_over_http_and_from_the_console(
     assert "task d2 deleted" in (await client.get("/console")).text
     with pytest.raises(tt.TaskNotFound):
         await harness.store.get_task("d2")
+
+
+async def test_schedules_over_http_and_in_the_console(
+        api: tuple[httpx.AsyncClient, tt.Harness]) -> None:
+    """Issue 19: create, list, pause, resume, run now and delete a schedule over the API
+    (operators only), and pause and run it from the console's schedules page."""
+    client, harness = api
+    body = {"cron": "0 9 * * 1-5", "agent": "priced", "timezone": "Europe/Paris"}
+    assert (await client.put("/api/schedules/weekday", json=body,
+                             headers=auth(READER))).status_code == 403
+    made = await client.put("/api/schedules/weekday", json=body, headers=auth(OPERATOR))
+    assert made.status_code == 200 and made.json()["next_at"] > time.time()
+    bad = await client.put("/api/schedules/weekday", json={**body, "cron": "9am"},
+                           headers=auth(OPERATOR))
+    assert bad.status_code == 422 and "not a cron expression" in bad.json()["error"]
+    zone = await client.put("/api/schedules/x", json={**body, "timezone": "../../etc/passwd"},
+                            headers=auth(OPERATOR))
+    assert zone.status_code == 422 and "unknown time zone" in zone.json()["error"]
+    listed = (await client.get("/api/schedules", headers=auth(READER))).json()
+    assert [s["name"] for s in listed] == ["weekday"]
+    paused = await client.post("/api/schedules/weekday/pause", headers=auth(OPERATOR))
+    assert paused.json()["paused"] is True
+    run = await client.post("/api/schedules/weekday/run", headers=auth(OPERATOR))
+    assert run.json()["task_id"].startswith("weekday-now-")
+    assert (await client.post("/api/schedules/nope/run",
+                              headers=auth(OPERATOR))).status_code == 404
+
+    origin = await sign_in(client, OPERATOR)
+    page = await client.get("/console/schedules")
+    assert "<td>weekday</td>" in page.text and "Resume" in page.text
+    resumed = await client.post("/console/schedules/weekday/resume", headers=origin,
+                                data={"csrf": csrf_of(page.text)})
+    assert resumed.status_code == 303
+    assert not (await harness.schedule_named("weekday")).paused
+    assert "schedule weekday: resumed" in (await client.get("/console/schedules")).text
+    gone = await client.delete("/api/schedules/weekday", headers=auth(OPERATOR))
+    assert gone.json() == {"deleted": "weekday"}
+    assert "No schedules yet" in (await client.get("/console/schedules")).text

@@ -279,6 +279,37 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
             return _back(session, task_id, str(exc), True)
         return _back(session, task_id, done, False)
 
+    @app.get("/console/schedules", response_class=HTMLResponse, include_in_schema=False)
+    async def schedule_list(request: Request) -> Response:
+        session = session_of(request)
+        if session is None:
+            return RedirectResponse("/console", 303)
+        return page("schedules.html", request, session,
+                    schedules=await harness.store.list_schedules(),
+                    operator=session.role == "operator")
+
+    @app.post("/console/schedules/{name}/{action}", include_in_schema=False)
+    async def steer_schedule(request: Request, name: str, action: str) -> Response:
+        session = session_of(request)
+        form = await request.form() if session is not None and same_origin(request) else None
+        if session is None or form is None or not tokens_match(session.csrf, form.get("csrf")):
+            return _refused("the form did not come from this console's page: reload it and"
+                            " try again")
+        try:
+            if session.role != "operator":
+                raise ValueError("Only an operator token may change schedules")
+            if action == "run":
+                done = f"schedule {name}: run started as {await harness.run_schedule_now(name)}"
+            elif action in ("pause", "resume"):
+                await harness.pause_schedule(name, paused=action == "pause")
+                done = f"schedule {name}: {action}d"
+            else:
+                raise ValueError(f"no such action {action[:40]!r}")
+            session.flash[:] = [*session.flash[-4:], (done, False)]
+        except (TetherError, ValueError) as exc:
+            session.flash[:] = [*session.flash[-4:], (str(exc)[:500], True)]
+        return RedirectResponse("/console/schedules", 303)
+
     @app.get("/console/{rest:path}", response_class=HTMLResponse, include_in_schema=False)
     async def nowhere(request: Request, rest: str) -> Response:
         # a 404 page for anyone: signed out, it names nothing but the console's sign-in

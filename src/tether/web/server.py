@@ -45,6 +45,7 @@ from tether.errors import (
     InvalidInput,
     MissingExtra,
     ReservedEventType,
+    ScheduleNotFound,
     StoreUnavailable,
     TaskClosed,
     TaskExists,
@@ -100,6 +101,7 @@ STATUS_FOR: dict[type[TetherError], int] = {
     TaskNotFound: 404, VersionNotFound: 404, UnknownAgent: 422, UnknownEventType: 422,
     InvalidInput: 422, TaskExists: 409, TaskClosed: 409, IllegalTransition: 409, InboxFull: 429,
     ReservedEventType: 403, InDoubtCall: 409, StoreUnavailable: 503, TaskHeld: 409,
+    ScheduleNotFound: 404,
 }
 """Any other TetherError is a 500 (its message scrubbed of paths); 503 comes with Retry-After."""
 TASK_ID = 128  # the longest id model.TASK_ID matches
@@ -188,6 +190,16 @@ class Fork(BaseModel):
                                 description="A kept version; default: the newest")
     task_id: str | None = Field(None, max_length=TASK_ID, description="The fork's id")
     redo_side_effects: bool = False
+
+
+class NewSchedule(BaseModel):
+    cron: str = Field(max_length=200, description="Five fields (minute hour day month weekday)"
+                      "; a sixth gives seconds")
+    agent: str = Field(max_length=MAX_NAME)
+    input: Any = None
+    timezone: str = Field("UTC", max_length=64)
+    catch_up: int = Field(0, ge=0, le=100, description="Missed runs to start late (0: skip)")
+    paused: bool = False
 
 
 class Decide(BaseModel):
@@ -357,6 +369,30 @@ def create_app(harness: Harness, config: ServerConfig) -> FastAPI:
         fork_id = await harness.fork(task_id, body.version, new_task_id=body.task_id,
                                      redo_side_effects=body.redo_side_effects, by=_by(request))
         return {"task_id": fork_id, "forked_from": task_id}
+
+    @app.get("/api/schedules")
+    async def list_schedules() -> list[dict[str, Any]]:
+        return [asdict(record) for record in await harness.store.list_schedules()]
+
+    @app.put("/api/schedules/{name}")
+    async def put_schedule(name: str, body: NewSchedule) -> dict[str, Any]:
+        """Create the schedule, or replace its definition."""
+        return asdict(await harness.schedule(name, body.cron, body.agent, body.input,
+                                             timezone=body.timezone, catch_up=body.catch_up,
+                                             paused=body.paused))
+
+    @app.post("/api/schedules/{name}/{action}")
+    async def steer_schedule(name: str, action: Literal["pause", "resume", "run"]
+                             ) -> dict[str, Any]:
+        """Pause, resume, or start one run now (its task id is returned)."""
+        if action == "run":
+            return {"task_id": await harness.run_schedule_now(name)}
+        return asdict(await harness.pause_schedule(name, paused=action == "pause"))
+
+    @app.delete("/api/schedules/{name}")
+    async def delete_schedule(name: str) -> dict[str, str]:
+        await harness.delete_schedule(name)
+        return {"deleted": name}
 
     @app.delete("/api/tasks/{task_id}")
     async def delete(task_id: str, request: Request) -> dict[str, str]:
