@@ -7,7 +7,8 @@ in batches while a worker runs them, with retention on: a completed task is dele
 it holds are recorded. With retention the size should level off once the first tasks are
 past their retention; the table shows whether it does.
 
-    .venv/bin/python bench/soak_retention.py [--tasks 100000] [--out docs/benchmarks-soak.md]
+    .bench-venv/bin/python bench/soak_retention.py [--tasks 100000]
+        [--out docs/benchmarks-soak.md] [--plot docs/img/soak.png]
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import time
 from pathlib import Path
 
 import tether as tt
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
 def build(db: Path, retain: float) -> tt.Harness:
@@ -81,15 +84,45 @@ def table(points: list[tuple[int, float, int, int]], retain: float) -> list[str]
     return lines
 
 
+def plot(points: list[tuple[int, float, int, int]], path: Path) -> None:
+    """The store's size and the tasks it holds against the tasks done (matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    done = [p[0] for p in points]
+    fig, size = pyplot.subplots(figsize=(7, 3.2), dpi=120)
+    size.plot(done, [p[2] / 1e6 for p in points], marker="o", color="#2f5bea", label="store on disk (MB)")
+    size.set_xlabel("tasks done")
+    size.set_ylabel("MB on disk")
+    size.set_ylim(bottom=0)
+    held = size.twinx()
+    held.plot(done, [p[3] for p in points], color="#b54708", linestyle="--",
+              label="tasks in the store")
+    held.set_ylabel("tasks in the store")
+    held.set_ylim(bottom=0)
+    fig.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=100_000)
     parser.add_argument("--every", type=int, default=5_000)
     parser.add_argument("--retain", type=float, default=5.0)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--plot", type=Path, help="also draw the curve (needs matplotlib)")
     args = parser.parse_args()
-    text = "\n".join(table(asyncio.run(soak(args.tasks, args.every, args.retain)),
-                           args.retain)) + "\n"
+    points = asyncio.run(soak(args.tasks, args.every, args.retain))
+    lines = table(points, args.retain)
+    if args.plot:
+        plot(points, args.plot)
+        where = args.plot.resolve()
+        shown = where.relative_to(DOCS) if where.is_relative_to(DOCS) else where
+        lines += ["", f"![store size and tasks held against tasks done]({shown})"]
+    text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
         args.out.write_text(text)

@@ -195,6 +195,9 @@ class Agent:
     limits: tuple[str, ...] = ()
     """Named limits (``Harness.limit``) each plan is admitted under: for an agent whose plan
     calls a model provider that limits how often and how much."""
+    task_limits: tuple[str, ...] = ()
+    """Named limits a task of this agent holds while a worker runs it (not while it waits
+    or is parked): "2 tasks per tenant at once", with a limit keyed by the tenant."""
 
     input_required: bool = False
     """A task of this agent needs an input (a prompt, a batch): ``submit`` without one is

@@ -253,3 +253,38 @@ async def test_a_model_s_429_closes_the_agent_s_limit_for_every_task(tmp_path: P
         assert info.snapshot.recovery.attempts == 0
         assert record.reason is None or "held back by limit openai" in record.reason
         await h.close()
+
+
+async def test_a_task_limit_keyed_by_tenant_runs_two_tasks_per_tenant_at_once() -> None:
+    """"2 tasks per tenant at once": the limit is held by the task while it runs (not while
+    it waits), keyed by the tenant in its input; every task still finishes."""
+    h = tt.Harness("memory://", settings=fast_settings())
+    h.limit("per-tenant", concurrency=2, key=lambda task_input: task_input["tenant"])
+    began: dict[str, float] = {}
+    spans: dict[str, list[tuple[float, float]]] = {"acme": [], "globex": []}
+
+    @h.tool()
+    async def step(ctx: tt.ToolContext, tenant: str) -> str:
+        await asyncio.sleep(0.01)
+        return tenant
+
+    @h.agent("tenant_task")
+    class TenantTask(tt.Agent):
+        task_limits = ("per-tenant",)
+
+        async def plan(self, t: tt.TaskView) -> tt.Action:
+            done = t.scratch.setdefault("done", 0)
+            began.setdefault(t.task_id, time.monotonic())
+            if done < 3:
+                t.scratch["done"] = done + 1
+                return tt.ToolCall("step", {"tenant": t.input["tenant"]})
+            spans[t.input["tenant"]].append((began[t.task_id], time.monotonic()))
+            return tt.Finish(done)
+
+    ids = [await h.submit("tenant_task", {"tenant": "acme" if n % 2 else "globex"})
+           for n in range(10)]
+    await h.run_until_idle(concurrency=10, timeout=30)
+    for tenant, seen in spans.items():  # from a task's first plan to its last
+        assert len(seen) == 5 and overlap(seen) <= 2, (tenant, overlap(seen))
+    assert {(await h.get(t)).snapshot.result for t in ids} == {3}
+    await h.close()

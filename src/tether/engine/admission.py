@@ -44,8 +44,14 @@ class Admission:
         self.limits = limits
         self.held_back: LimitAnswer | None = None
         """Why and until when the task was last held back (the runner parks it)."""
+        self._task_names: tuple[str, ...] = ()
         self.admitted_at: float | None = None
         """When the last admission was granted (the time its rate limits count it at)."""
+
+    def parked(self) -> tuple[float, str]:
+        """Until when and why the task held back waits (the runner parks it so)."""
+        assert self.held_back is not None, "parked() is asked only of a task held back"
+        return self.held_back.parked()
 
     def _named(self, names: Sequence[str]) -> list[Limit]:
         missing = [name for name in names if name not in self.limits]
@@ -100,6 +106,23 @@ class Admission:
             raise HeldBack from cut
         finally:
             await self.release(snap, names, holder)
+
+    async def hold_task(self, snap: Snapshot, fence: int, names: Sequence[str],
+                        priority: int) -> bool:
+        """Take the task's own limits for as long as it runs here (once: later calls are
+        free); False (and :attr:`held_back` set) if one holds it back."""
+        if not names or self._task_names:
+            return True
+        if not await self.admit(snap, fence, names, f"task:{snap.task_id}", priority):
+            return False
+        self._task_names = tuple(names)
+        return True
+
+    async def let_task_go(self, snap: Snapshot) -> None:
+        """Let the task's own limits go (it parks, waits or ends)."""
+        if self._task_names:
+            names, self._task_names = self._task_names, ()
+            await self.release(snap, names, f"task:{snap.task_id}")
 
     async def block(self, snap: Snapshot, names: Sequence[str], retry_after: float) -> float:
         """Close *names* for everyone for *retry_after* seconds; when they open again."""

@@ -148,14 +148,23 @@ class Runner:
     async def run(self) -> Status:
         """Tick until the task parks (waiting, paused, needs_human) or ends."""
         await self.restore()
+        try:
+            return await self._run()
+        finally:
+            await self.admission.let_task_go(self.snap)
+
+    async def _run(self) -> Status:
+        root = self.host.agents.get(self.snap.agent)
         with timers.deadline_alarm(self.snap.deadline_at, self.notify):
             while not self._stopping:
                 await timers.fire_due(self)
                 await self.tick()
                 if self.snap.status is not Status.RUNNING:
                     break
-                if self.admission.held_back is not None:
-                    return await self.park(*self.admission.held_back.parked())
+                if self.admission.held_back is not None or not await self.admission.hold_task(
+                        self.snap, self.claim.fence, root.task_limits if root else (),
+                        self.urgency):
+                    return await self.park(*self.admission.parked())
                 due = self._retry_due()
                 if due is not None and due - time.time() >= self.settings.lease_seconds:
                     return await self.park(due)
