@@ -102,7 +102,7 @@ def plot(points: list[tuple[int, float, int, int]], path: Path) -> None:
               label="tasks in the store")
     held.set_ylabel("tasks in the store")
     held.set_ylim(bottom=0)
-    fig.legend(loc="lower right", fontsize=8)
+    fig.legend(loc="center right", bbox_to_anchor=(0.86, 0.45), fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
 
