@@ -402,9 +402,10 @@ def test_r26_the_timeline_merges_recovery_records_by_time_with_a_marker_per_kind
 
 async def test_r26_levers_are_shown_only_where_they_can_act(
         api: tuple[httpx.AsyncClient, tt.Harness]) -> None:
-    """A waiting task offers approve, send event, resume, roll back, fork and cancel; a
-    completed one roll back and fork; a cancelled one only fork (a new task from one of its
-    versions: the cancelled task itself cannot be changed); a read-only session none."""
+    """A waiting task offers approve, send event, resume, roll back, fork, cancel and delete;
+    a completed one roll back, fork and delete; a cancelled one fork (a new task from one of
+    its versions: the cancelled task itself cannot be changed) and delete; a read-only
+    session none."""
     client, harness = api
     await harness.submit("gate", task_id="w")
     await harness.submit("gate", task_id="c")
@@ -423,10 +424,11 @@ async def test_r26_levers_are_shown_only_where_they_can_act(
                 if a.startswith("/console/tasks/") and not a.endswith("/diff")]
 
     waiting = (await client.get("/console/tasks/w")).text
-    assert levers(waiting) == ["approve", "resume", "rollback", "fork", "cancel", "event"]
+    assert levers(waiting) == ["approve", "resume", "rollback", "fork", "cancel", "delete",
+                               "event"]
     assert "Approve (send approval)" in waiting
-    assert levers((await client.get("/console/tasks/c")).text) == ["rollback", "fork"]
-    assert levers((await client.get("/console/tasks/x")).text) == ["fork"]
+    assert levers((await client.get("/console/tasks/c")).text) == ["rollback", "fork", "delete"]
+    assert levers((await client.get("/console/tasks/x")).text) == ["fork", "delete"]
     listing = await client.get("/console")
     await client.post("/console/logout", headers=origin, data={"csrf": csrf_of(listing.text)})
     await sign_in(client, READER)

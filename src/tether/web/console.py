@@ -160,6 +160,15 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
                              samesite="strict", secure=secure(request))
         return answer
 
+    async def own_form(request: Request) -> tuple[Session, Any] | None:
+        """The session and form of a POST that came from this console's own page (its
+        origin and its session's CSRF token), or None."""
+        session = session_of(request)
+        form = await request.form() if session is not None and same_origin(request) else None
+        if session is None or form is None or not tokens_match(session.csrf, form.get("csrf")):
+            return None
+        return session, form
+
     def not_found(request: Request, session: Session | None, what: str) -> Response:
         return page("error.html", request, session, 404, title="Not found", message=what)
 
@@ -253,11 +262,10 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
 
     @app.post("/console/tasks/{task_id}/{lever}", include_in_schema=False)
     async def act(request: Request, task_id: str, lever: str) -> Response:
-        session = session_of(request)
-        form = await request.form() if session is not None and same_origin(request) else None
-        if session is None or form is None or not tokens_match(session.csrf, form.get("csrf")):
-            return _refused("the form did not come from this console's page: reload it and"
-                            " try again")
+        posted = await own_form(request)
+        if posted is None:
+            return _refused(NOT_OURS)
+        session, form = posted
         if session.role != "operator":
             return _back(session, task_id, "Only an operator token may change tasks", True)
         try:
@@ -272,7 +280,7 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
                 if form.get("sure") != "1":
                     raise ValueError("tick the box to say you mean to delete it for good")
                 await harness.delete(task_id, by=session.by)
-                session.flash[:] = [*session.flash[-4:], (f"task {task_id} deleted", False)]
+                _flash(session, f"task {task_id} deleted", False)
                 return RedirectResponse("/console", 303)
             done = await _pull(harness, task_id, lever, form, session.by)
         except (TetherError, ValueError) as exc:
@@ -290,11 +298,10 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
 
     @app.post("/console/schedules/{name}/{action}", include_in_schema=False)
     async def steer_schedule(request: Request, name: str, action: str) -> Response:
-        session = session_of(request)
-        form = await request.form() if session is not None and same_origin(request) else None
-        if session is None or form is None or not tokens_match(session.csrf, form.get("csrf")):
-            return _refused("the form did not come from this console's page: reload it and"
-                            " try again")
+        posted = await own_form(request)
+        if posted is None:
+            return _refused(NOT_OURS)
+        session = posted[0]
         try:
             if session.role != "operator":
                 raise ValueError("Only an operator token may change schedules")
@@ -305,9 +312,9 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
                 done = f"schedule {name}: {action}d"
             else:
                 raise ValueError(f"no such action {action[:40]!r}")
-            session.flash[:] = [*session.flash[-4:], (done, False)]
+            _flash(session, done, False)
         except (TetherError, ValueError) as exc:
-            session.flash[:] = [*session.flash[-4:], (str(exc)[:500], True)]
+            _flash(session, str(exc), True)
         return RedirectResponse("/console/schedules", 303)
 
     @app.get("/console/{rest:path}", response_class=HTMLResponse, include_in_schema=False)
@@ -456,6 +463,14 @@ async def _listing(harness: Harness, status: Status | None, agent: str = "", q: 
     return found[:PAGE_SIZE], len(found) > PAGE_SIZE
 
 
-def _back(session: Session, task_id: str, message: str, error: bool) -> Response:
+NOT_OURS = "the form did not come from this console's page: reload it and try again"
+
+
+def _flash(session: Session, message: str, error: bool) -> None:
+    """A line for the next page the person sees (the last five are kept)."""
     session.flash[:] = [*session.flash[-4:], (message[:500], error)]
+
+
+def _back(session: Session, task_id: str, message: str, error: bool) -> Response:
+    _flash(session, message, error)
     return RedirectResponse(f"/console/tasks/{quote(task_id, safe='')}", 303)
