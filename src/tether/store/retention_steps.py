@@ -14,7 +14,7 @@ from tether import blobs
 from tether.errors import TaskHeld
 from tether.model import TERMINAL, Status
 from tether.store import queries as q
-from tether.store.steps import Missing, Steps, change, change_many, every, one
+from tether.store.steps import Missing, Statement, Steps, change, change_many, every, one
 
 GRACE = 60.0
 """Seconds a new large value is left alone by the collector, whatever refers to it."""
@@ -35,13 +35,20 @@ def delete_task(task_id: str, now: float) -> Steps[None]:
 
 
 def purge(cutoffs: Mapping[str, float], now: float, limit: int) -> Steps[list[str]]:
-    """Delete up to *limit* finished tasks that last changed before their status's cutoff."""
+    """Delete up to *limit* finished tasks that last changed before their status's cutoff.
+    Workers purge side by side: the rows are locked as they are found (PostgreSQL), and a
+    task another worker deleted or took meanwhile is passed over, not an error."""
     deleted: list[str] = []
     for status, cutoff in cutoffs.items():
-        found = yield every(q.EXPIRED, status, cutoff, now, limit - len(deleted))
+        found = yield Statement(q.EXPIRED, (status, cutoff, now, limit - len(deleted)), "all",
+                                lock=True)
         for row in found:
-            yield from delete_task(str(row["task_id"]), now)
-            deleted.append(str(row["task_id"]))
+            task_id = str(row["task_id"])
+            try:
+                yield from delete_task(task_id, now)
+            except (Missing, TaskHeld):
+                continue
+            deleted.append(task_id)
         if len(deleted) >= limit:
             break
     return deleted
