@@ -190,15 +190,20 @@ class Harness:
     def limit(self, name: str, *, concurrency: int | None = None,
               per_minute: int | None = None, per_second: int | None = None,
               rate: tuple[int, float] | None = None,
-              key: Callable[[Any], object] | None = None) -> Limit:
+              key: Callable[[Any], object] | None = None,
+              tokens_per_minute: int | None = None,
+              tokens: tuple[int, float] | None = None) -> Limit:
         """Define a named limit shared by every worker: *concurrency* at once, and/or
-        *per_minute* / *per_second* / *rate* = (count, seconds) admissions in any window;
+        *per_minute* / *per_second* / *rate* = (count, seconds) admissions in any window,
+        and/or *tokens_per_minute* / *tokens* = (budget, seconds) (calls admitted while
+        those of the window used fewer tokens);
         with *key* (a function of the task's input), one such limit per value (a tenant).
         Tools name it in ``limits=``, agents in their ``limits`` attribute."""
         if name in self.limits:
             raise ConfigurationError(f"a limit named {name!r} is already defined")
         self.limits[name] = make_limit(name, concurrency=concurrency, per_minute=per_minute,
-                                       per_second=per_second, rate=rate, key=key)
+                                       per_second=per_second, rate=rate, key=key,
+                                       tokens_per_minute=tokens_per_minute, tokens=tokens)
         return self.limits[name]
 
     def agent(self, name: str) -> Callable[[type[A]], type[A]]:

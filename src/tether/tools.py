@@ -79,6 +79,9 @@ class ToolContext:
     admitted_at: float | None = None
     """When the call was admitted under the limits its tool declares (None without limits):
     the time a rate limit counts it at, in this worker's clock."""
+    tokens: int = 0
+    """Set it to the tokens the call used (a model call made inside a tool): a limit of the
+    tool's with a token budget counts them."""
 
     def add_resource(self, kind: str, ref: str, cleanup: str = "on_finish") -> None:
         """Register something outside the snapshot (a temp file, a handle) to check and clean up."""

@@ -288,3 +288,29 @@ async def test_a_task_limit_keyed_by_tenant_runs_two_tasks_per_tenant_at_once() 
         assert len(seen) == 5 and overlap(seen) <= 2, (tenant, overlap(seen))
     assert {(await h.get(t)).snapshot.result for t in ids} == {3}
     await h.close()
+
+
+async def test_a_token_budget_admits_plans_while_the_window_s_tokens_are_under_it() -> None:
+    """"200,000 tokens a minute", small: plans that report 60 tokens each under a budget of
+    100 tokens per second; the third plan of a window waits for the window to move on."""
+    h = tt.Harness("memory://", settings=fast_settings())
+    h.limit("model-tokens", tokens=(100, 1.0))
+    planned: list[float] = []
+
+    @h.agent("spender")
+    class Spender(tt.Agent):
+        limits = ("model-tokens",)
+
+        async def plan(self, t: tt.TaskView) -> tt.Action:
+            planned.append(time.monotonic())
+            t.record_completion("m", usage={"prompt_tokens": 50, "completion_tokens": 10})
+            return tt.Finish("spent")
+
+    for _ in range(3):
+        await h.submit("spender")
+    await h.run_until_idle(concurrency=1, timeout=30)
+    assert len(planned) == 3
+    assert planned[2] - planned[0] >= 0.9  # the third waited for the first's tokens to age
+    usage = await h.store.limit_usage(time.time())
+    assert usage[0].name == "model-tokens"
+    await h.close()

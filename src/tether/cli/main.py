@@ -397,6 +397,8 @@ def _limit_size(limit: tt.Limit | None) -> str:
     parts = [f"{limit.concurrency} at once"] if limit.concurrency else []
     if limit.rate:
         parts.append(f"{limit.rate[0]} per {limit.rate[1]:g}s")
+    if limit.tokens:
+        parts.append(f"{limit.tokens[0]} tokens per {limit.tokens[1]:g}s")
     return ", ".join(parts)
 
 

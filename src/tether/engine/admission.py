@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Protocol
 
 from tether.errors import ConfigurationError, RateLimited
@@ -30,6 +30,8 @@ class LimitStore(Protocol):
     async def release_limit(self, name: str, key: str, holder: str, now: float) -> None: ...
 
     async def block_limit(self, name: str, key: str, until: float, now: float) -> None: ...
+
+    async def spend_limit(self, name: str, key: str, holder: str, tokens: int) -> None: ...
 
 
 class HeldBack(Exception):
@@ -70,7 +72,7 @@ class Admission:
             key = limit.key_for(snap.input)
             answer = await self.store.acquire_limit(LimitRequest(
                 limit.name, key, snap.task_id, fence, holder, priority, limit.concurrency,
-                limit.rate), self.admitted_at)
+                limit.rate, limit.tokens), self.admitted_at)
             if not answer.granted:
                 for got, got_key in taken:
                     await self.store.release_limit(got.name, got_key, holder, time.time())
@@ -81,17 +83,24 @@ class Admission:
             taken.append((limit, key))
         return True
 
-    async def release(self, snap: Snapshot, names: Sequence[str], holder: str) -> None:
+    async def release(self, snap: Snapshot, names: Sequence[str], holder: str,
+                      tokens: int = 0) -> None:
+        """Let *holder*'s slots go, counting the *tokens* its call used where a limit has a
+        token budget."""
         for limit in self._named(names):
+            key = limit.key_for(snap.input)
+            if limit.tokens is not None and tokens > 0:
+                await self.store.spend_limit(limit.name, key, holder, tokens)
             if limit.concurrency is not None:
-                await self.store.release_limit(limit.name, limit.key_for(snap.input), holder,
-                                               time.time())
+                await self.store.release_limit(limit.name, key, holder, time.time())
 
     @contextlib.asynccontextmanager
     async def plan_slot(self, snap: Snapshot, fence: int, names: Sequence[str],
-                        priority: int) -> AsyncIterator[None]:
-        """Hold the agent's limits while it plans (its model call); :class:`HeldBack` if a
-        limit holds it back, or if the provider answered 429 (the limits then close)."""
+                        priority: int, spent: Callable[[], int] = lambda: 0
+                        ) -> AsyncIterator[None]:
+        """Hold the agent's limits while it plans (its model call), counting the tokens
+        *spent* says it used; :class:`HeldBack` if a limit holds it back, or if the provider
+        answered 429 (the limits then close)."""
         if not names:
             yield
             return
@@ -105,7 +114,7 @@ class Admission:
             self.held_back = LimitAnswer(False, until, f"{HELD_BACK} {', '.join(names)}: {cut}")
             raise HeldBack from cut
         finally:
-            await self.release(snap, names, holder)
+            await self.release(snap, names, holder, spent())
 
     async def hold_task(self, snap: Snapshot, fence: int, names: Sequence[str],
                         priority: int) -> bool:

@@ -35,6 +35,12 @@ def record_completions(task: RunningTask, view: TaskView) -> None:
     view.completions.clear()
 
 
+def tokens_of(view: TaskView) -> int:
+    """The tokens the completions a plan recorded used (prompt and completion)."""
+    return sum(usage["prompt_tokens"] + usage["completion_tokens"]
+               for usage in map(completion_usage, view.completions))
+
+
 def over_completion_limit(task: RunningTask) -> bool:
     """Whether the task has paid for its budget of completions; if so it goes to a person."""
     usage = task.snap.usage

@@ -285,7 +285,7 @@ class Runner:
         view = self.view(scratch)
         try:
             async with self.admission.plan_slot(self.snap, self.claim.fence, agent.limits,
-                                                self.urgency):
+                                                self.urgency, lambda: limits.tokens_of(view)):
                 with self.host.telemetry.span("tether.plan", **{"tether.agent": agent.name}):
                     action = await self.cancellable(agent.plan(view))
         finally:
@@ -476,7 +476,7 @@ class Runner:
         finally:
             self.snap.resources.extend(ctx.resources)  # also from failed attempts: cleaned up too
             if tool.limits:
-                await self.admission.release(self.snap, tool.limits, call.key)
+                await self.admission.release(self.snap, tool.limits, call.key, ctx.tokens)
 
     def finish_call(self, call: CallState, result: Any, from_record: bool = False,
                     defer: bool = False) -> None:

@@ -58,6 +58,9 @@ class SQLBackend(ABC):
     async def block_limit(self, name: str, key: str, until: float, now: float) -> None:
         await self._write(limit_steps.block(name, key, until, now))
 
+    async def spend_limit(self, name: str, key: str, holder: str, tokens: int) -> None:
+        await self._write(limit_steps.spent(name, key, holder, tokens))
+
     async def limit_usage(self, now: float) -> list[LimitUsage]:
         return await self._read(limit_steps.usage(now))
 

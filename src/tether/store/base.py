@@ -109,6 +109,9 @@ class LimitRequest:
     concurrency: int | None = None
     rate: tuple[int, float] | None = None
     """At most this many admissions in any window of this many seconds."""
+    tokens: tuple[int, float] | None = None
+    """Admitted while the calls admitted in the last this-many seconds reported fewer than
+    this many tokens."""
 
 
 @dataclass(frozen=True)
@@ -246,6 +249,9 @@ class WorkerStore(SnapshotReads, Protocol):
 
     async def block_limit(self, name: str, key: str, until: float, now: float) -> None:
         """Admit nobody under the limit before *until* (a provider answered 429)."""
+
+    async def spend_limit(self, name: str, key: str, holder: str, tokens: int) -> None:
+        """Count the tokens *holder*'s admitted call used against the limit's token window."""
 
     async def delete_task(self, task_id: str, now: float) -> None:
         """Delete a task and everything it stored; :class:`TaskHeld` (nothing deleted) while

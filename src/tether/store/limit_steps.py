@@ -40,13 +40,12 @@ def acquire(request: LimitRequest, now: float) -> Steps[LimitAnswer]:
     if ahead is not None:
         yield from _wake(ahead, now)  # a slot is free: the one ahead takes it first
         return (yield from _hold_back(request, now, now + BACKSTOP, "others wait ahead"))
-    if request.rate is not None:
-        count, seconds = request.rate
-        yield change(q.LIMIT_FORGET_GRANTS, name, key, now - seconds)
-        window = yield one(q.LIMIT_GRANTS, name, key)
-        if window is not None and int(window["n"]) >= count:
-            return (yield from _hold_back(request, now, float(window["oldest"]) + seconds,
-                                          f"{count} admitted in the last {seconds:g}s"))
+    windows = [w for w in (request.rate, request.tokens) if w is not None]
+    if windows:
+        yield change(q.LIMIT_FORGET_GRANTS, name, key, now - max(s for _, s in windows))
+        full = yield from _window_full(request, now)
+        if full is not None:
+            return full
         yield change(q.LIMIT_GRANT, name, key, now, request.holder)
     if request.concurrency is not None:
         yield change(q.LIMIT_HOLD, name, key, request.holder, request.task_id, request.fence,
@@ -57,6 +56,30 @@ def acquire(request: LimitRequest, now: float) -> Steps[LimitAnswer]:
         if following is not None:
             yield from _wake(str(following["task_id"]), now)
     return LimitAnswer(True)
+
+
+def _window_full(request: LimitRequest, now: float) -> Steps[LimitAnswer | None]:
+    """Held back if the rate window holds its count of admissions, or the token window
+    the tokens the admitted calls reported; None if there is room in both."""
+    if request.rate is not None:
+        count, seconds = request.rate
+        window = yield one(q.LIMIT_GRANTS, request.name, request.key, now - seconds)
+        if window is not None and int(window["n"]) >= count:
+            return (yield from _hold_back(request, now, float(window["oldest"]) + seconds,
+                                          f"{count} admitted in the last {seconds:g}s"))
+    if request.tokens is not None:
+        budget, seconds = request.tokens
+        window = yield one(q.LIMIT_GRANTS, request.name, request.key, now - seconds)
+        if window is not None and int(window["tokens"]) >= budget:
+            return (yield from _hold_back(request, now, float(window["oldest"]) + seconds,
+                                          f"{int(window['tokens'])} of {budget} tokens used in"
+                                          f" the last {seconds:g}s"))
+    return None
+
+
+def spent(name: str, key: str, holder: str, tokens: int) -> Steps[None]:
+    """The tokens an admitted call used, counted in its token window from its admission."""
+    yield change(q.LIMIT_SPENT, tokens, name, key, holder)
 
 
 def _waiter_ahead(request: LimitRequest, now: float) -> Steps[str | None]:

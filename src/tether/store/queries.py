@@ -172,8 +172,11 @@ LIMIT_WAIT = ("INSERT INTO limit_waiters (name, key, task_id, priority, since, e
               " < limit_waiters.priority THEN excluded.priority ELSE limit_waiters.priority END")
 LIMIT_UNWAIT = "DELETE FROM limit_waiters WHERE name = ? AND key = ? AND task_id = ?"
 LIMIT_FORGET_GRANTS = "DELETE FROM limit_grants WHERE name = ? AND key = ? AND at <= ?"
-LIMIT_GRANTS = "SELECT COUNT(*) AS n, MIN(at) AS oldest FROM limit_grants WHERE name = ? AND key = ?"
+LIMIT_GRANTS = ("SELECT COUNT(*) AS n, COALESCE(SUM(tokens), 0) AS tokens, MIN(at) AS oldest"
+                " FROM limit_grants WHERE name = ? AND key = ? AND at > ?")
 LIMIT_GRANT = "INSERT INTO limit_grants (name, key, at, holder) VALUES (?, ?, ?, ?)"
+LIMIT_SPENT = ("UPDATE limit_grants SET tokens = tokens + ? WHERE name = ? AND key = ?"
+               " AND holder = ?")
 WAKE_PARKED = "UPDATE tasks SET wake_at = ? WHERE task_id = ? AND lease_owner IS NULL"
 LIMIT_USAGE = (
     "SELECT l.name, l.key, l.blocked_until,"

@@ -71,6 +71,7 @@ class CachedStore:
         self.acquire_limit = inner.acquire_limit
         self.release_limit = inner.release_limit
         self.block_limit = inner.block_limit
+        self.spend_limit = inner.spend_limit
         self.limit_usage = inner.limit_usage
         self.delete_task = inner.delete_task  # a re-used id rewrites its cached heads
         self.purge_finished = inner.purge_finished

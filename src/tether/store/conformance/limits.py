@@ -13,8 +13,9 @@ from tether.store.conformance.helpers import LEASE, claim, make_task, park
 
 def ask(task_id: str, fence: int, holder: str, *, concurrency: int | None = None,
         rate: tuple[int, float] | None = None, priority: int = 2,
-        key: str = "") -> LimitRequest:
-    return LimitRequest("provider", key, task_id, fence, holder, priority, concurrency, rate)
+        key: str = "", tokens: tuple[int, float] | None = None) -> LimitRequest:
+    return LimitRequest("provider", key, task_id, fence, holder, priority, concurrency, rate,
+                        tokens)
 
 
 class LimitConformance:
@@ -70,6 +71,25 @@ class LimitConformance:
         assert answers[3].retry_at == now + 10.0
         assert (await store.acquire_limit(ask("r", lease.fence, "r:3", rate=(3, 10.0)),
                                           now + 10.5)).granted
+
+    async def test_a_token_budget_counts_what_admitted_calls_reported(
+            self, store: Store) -> None:
+        """Issue 19: calls are admitted while those of the window reported fewer tokens than
+        the budget; the window moves on."""
+        now = time.time()
+        await make_task(store, "t")
+        lease = await claim(store, "t", now)
+        budget = (1000, 60.0)
+        assert (await store.acquire_limit(ask("t", lease.fence, "c1", tokens=budget), now)).granted
+        await store.spend_limit("provider", "", "c1", 700)
+        assert (await store.acquire_limit(ask("t", lease.fence, "c2", tokens=budget),
+                                          now + 1)).granted  # 700 < 1000
+        await store.spend_limit("provider", "", "c2", 400)
+        held = await store.acquire_limit(ask("t", lease.fence, "c3", tokens=budget), now + 2)
+        assert not held.granted and "1100 of 1000 tokens" in held.why
+        assert held.retry_at == now + 60.0
+        assert (await store.acquire_limit(ask("t", lease.fence, "c3", tokens=budget),
+                                          now + 60.5)).granted  # c1's 700 left the window
 
     async def test_tasks_held_back_are_served_by_priority_then_age(self, store: Store) -> None:
         """Issue 19: a P0 task's call goes before older P2 ones; letting a slot go wakes the

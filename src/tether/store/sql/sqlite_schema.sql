@@ -123,12 +123,14 @@ CREATE TABLE IF NOT EXISTS limit_waiters (
     expires  REAL NOT NULL,
     PRIMARY KEY (name, key, task_id)
 ) WITHOUT ROWID;
--- When each call under a rate limit was admitted, for the sliding window.
+-- When each call under a rate or token limit was admitted (and the tokens it reported),
+-- for the sliding windows.
 CREATE TABLE IF NOT EXISTS limit_grants (
     name   TEXT NOT NULL,
     key    TEXT NOT NULL,
     at     REAL NOT NULL,
-    holder TEXT NOT NULL
+    holder TEXT NOT NULL,
+    tokens INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS limit_grants_by_time ON limit_grants (name, key, at);
 

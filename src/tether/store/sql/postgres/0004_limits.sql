@@ -27,6 +27,7 @@ CREATE TABLE limit_grants (
     name   TEXT NOT NULL,
     key    TEXT NOT NULL,
     at     DOUBLE PRECISION NOT NULL,
-    holder TEXT NOT NULL
+    holder TEXT NOT NULL,
+    tokens BIGINT NOT NULL DEFAULT 0
 );
 CREATE INDEX limit_grants_by_time ON limit_grants (name, key, at);
