@@ -152,7 +152,8 @@ def test_r13_migrate_creates_then_keeps_a_postgres_schema_and_workers_run_on_it(
     try:
         monkeypatch.setenv("TETHER_STORE", fresh)
         assert cli("migrate").strip() == ("applied: 0001_initial.sql, 0002_blobs.sql,"
-                                     " 0003_checkpoint_function.sql")
+                                     " 0003_checkpoint_function.sql, 0004_limits.sql,"
+                                     " 0005_schedules.sql")
         assert cli("migrate").strip() == "schema is up to date"
         task_id = cli("submit", "report", "--input", '{"report": "FY25"}').strip()
         cli("worker", "--until-idle")

@@ -34,7 +34,7 @@ from tether.model import IdempotencyRecord, OutcomeStatus, Status
 from tether.store.base import HistoryRow, Store
 from tether.store.conformance.helpers import claim, commit, event, limits, make_task
 from tether.store.conformance.inbox import InboxConformance
-from tether.store.conformance.limits import LimitConformance
+from tether.store.conformance.named_limits import LimitConformance
 from tether.store.conformance.retention import RetentionConformance
 from tether.store.conformance.schedules import ScheduleConformance
 from tether.store.conformance.tasks import TaskConformance
