@@ -37,27 +37,33 @@ class Change:
 
 @dataclass(frozen=True)
 class Position:
-    """How much of the task a reader has: dialog rows and recovery records. Sent as each
-    event's id, so a reader that reconnects (``Last-Event-ID``) goes on where it stopped."""
+    """How much of the task a reader has: dialog rows and recovery records, and on which
+    branch of the dialog (each rollback starts one). Sent as each event's id, so a reader
+    that reconnects (``Last-Event-ID``) goes on where it stopped, or is told to start
+    again (``reset``) if the task was rolled back meanwhile."""
 
     rows: int = 0
     recoveries: int = 0
+    branch: int | None = None
+    """How many branches the dialog had (None: not known, a reader from the start)."""
 
     def __str__(self) -> str:
-        return f"{self.rows}.{self.recoveries}"
+        tail = "" if self.branch is None else f".{self.branch}"
+        return f"{self.rows}.{self.recoveries}{tail}"
 
     @classmethod
     def parse(cls, text: str | None) -> Position:
-        """A position sent back by a reader; anything but two counts is refused."""
+        """A position sent back by a reader; anything but two or three counts is refused."""
         if not text:
             return cls()
         match = _POSITION.fullmatch(text.strip())
         if match is None:
-            raise InvalidInput(f"a stream position is two counts like '12.3', not {text[:40]!r}")
-        return cls(int(match[1]), int(match[2]))
+            raise InvalidInput("a stream position is two or three counts like '12.3.1', not"
+                               f" {text[:40]!r}")
+        return cls(int(match[1]), int(match[2]), int(match[3]) if match[3] else None)
 
 
-_POSITION = re.compile(r"(\d{1,9})\.(\d{1,9})")
+_POSITION = re.compile(r"(\d{1,9})\.(\d{1,9})(?:\.(\d{1,9}))?")
 
 
 @dataclass
@@ -67,7 +73,6 @@ class _Seen:
     position: Position
     record: TaskRecord | None = None
     state: dict[str, Any] = field(default_factory=dict)
-    branch: list[list[int]] | None = None
 
 
 async def follow(harness: Harness, task_id: str, *, after: Position | None = None,
@@ -127,18 +132,19 @@ async def _changes(harness: Harness, task_id: str, seen: _Seen) -> list[Change]:
         changes.append(Change("state", state, seen.position))
     rows = await harness.reads.history(task_id, info.snapshot.history_segments)
     rows = rows[: info.snapshot.history_len]
-    branch = info.snapshot.history_segments
-    if (seen.branch is not None and branch != seen.branch) or len(rows) < seen.position.rows:
-        seen.position = Position(0, seen.position.recoveries)
+    branch = len(info.snapshot.history_segments)
+    known = seen.position.branch
+    if (known is not None and known != branch) or len(rows) < seen.position.rows:
+        seen.position = Position(0, seen.position.recoveries, branch)
         changes.append(Change("reset", {"version": info.version}, seen.position))
-    seen.branch = [list(segment) for segment in branch]
+    seen.position = Position(seen.position.rows, seen.position.recoveries, branch)
     for n, row in enumerate(rows[seen.position.rows:], start=seen.position.rows + 1):
-        seen.position = Position(n, seen.position.recoveries)
+        seen.position = Position(n, seen.position.recoveries, branch)
         changes.append(Change("row", {"n": n, "row": to_plain(row)}, seen.position))
     records = await harness.reads.recovery_log(task_id)
     for n, entry in enumerate(records[seen.position.recoveries:],
                               start=seen.position.recoveries + 1):
-        seen.position = Position(seen.position.rows, n)
+        seen.position = Position(seen.position.rows, n, branch)
         changes.append(Change("recovery", {"n": n, "record": to_plain(entry)}, seen.position))
     return changes
 

@@ -123,7 +123,7 @@ async def test_the_stream_sends_every_committed_row_once_in_order_then_ends(
     assert statuses[-1] == "completed"  # (whether "running" is seen depends on the poll)
     # every id is the position after that event: rows received, recovery records received
     last_row = max(numbers)
-    assert seen[-1][1] == f"{last_row}.0"
+    assert seen[-1][1] == f"{last_row}.0.1"  # rows, recovery records, branch of the dialog
 
 
 async def test_a_reader_that_reconnects_gets_only_what_it_missed(
@@ -199,12 +199,42 @@ async def test_a_rollback_resets_the_stream_to_the_branch_the_task_took(tmp_path
     await harness.close()
 
 
-def test_a_position_is_two_counts_and_nothing_else() -> None:
+async def test_a_reader_back_after_a_rollback_to_as_many_rows_is_told_to_start_again(
+        tmp_path: Path) -> None:
+    """The dialog was replaced by one of the same length while the reader was away: its
+    position names the branch, so it gets a reset and the new rows, not silence."""
+    _, harness = gate_app(tmp_path, tmp_path / "branch.db")
+    task_id = await harness.submit("gate")
+    await harness.run_until_idle(timeout=20)  # waiting, after one reply
+
+    async def until_quiet(after: Position | None) -> list[Any]:
+        seen = []
+        async with aclosing(follow(harness, task_id, after=after, poll=0.02, quiet=0.1,
+                                   until_finished=False)) as changes:
+            async for change in changes:
+                if change.kind == "quiet":
+                    return seen
+                seen.append(change)
+        return seen
+
+    first = await until_quiet(None)
+    where = first[-1].position
+    assert (where.rows, where.branch) == (1, 1)
+    await harness.rollback(task_id, (await harness.store.list_versions(task_id))[0][0])
+    await harness.run_until_idle(timeout=20)  # the same reply again, on a new branch
+    again = await until_quiet(where)
+    assert [c.kind for c in again if c.kind in ("reset", "row")] == ["reset", "row"]
+    assert again[-1].position.branch == 2
+    await harness.close()
+
+
+def test_a_position_is_two_or_three_counts_and_nothing_else() -> None:
     assert Position.parse("12.3") == Position(12, 3)
-    assert str(Position(4, 0)) == "4.0"
+    assert Position.parse("12.3.2") == Position(12, 3, 2)
+    assert str(Position(4, 0)) == "4.0" and str(Position(4, 0, 1)) == "4.0.1"
     assert Position.parse(None) == Position()
-    for hostile in ("1", "1.2.3", "-1.0", "1.0\r\nX: y", "9999999999.0", "a.b"):
-        with pytest.raises(tt.InvalidInput, match="two counts"):
+    for hostile in ("1", "1.2.3.4", "-1.0", "1.0\r\nX: y", "9999999999.0", "a.b", "1.2."):
+        with pytest.raises(tt.InvalidInput, match="two or three counts"):
             Position.parse(hostile)
 
 

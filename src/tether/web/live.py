@@ -2,8 +2,9 @@
 live task page read the same stream (:func:`tether.watching.follow`).
 
 Each event is ``event: <kind>`` (state, row, recovery, reset, end) with one line of JSON
-data and, as its id, the reader's position (rows and recovery records received); a reader
-that reconnects sends it back as ``Last-Event-ID`` (or ``?after=``) and misses nothing.
+data and, as its id, the reader's position (rows and recovery records received, and the
+dialog's branch); a reader that reconnects sends it back as ``Last-Event-ID`` (or
+``?after=``) and misses nothing.
 Streams are bounded per process: past ``MAX_STREAMS`` open ones a new one gets 503, so a
 caller with a read token cannot make the server poll the store without end.
 """
