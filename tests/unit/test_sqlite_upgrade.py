@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 import tether as tt
-from tether.store.sqlite_schema import SCHEMA_VERSION
 from tether.errors import StoreError
+from tether.store.sqlite_schema import SCHEMA_VERSION
 
 SCHEMA_2 = {  # the two tables as schema 2 created them
     "snapshots": """CREATE TABLE snapshots (task_id TEXT NOT NULL, version INTEGER NOT NULL,
