@@ -89,3 +89,20 @@ async def test_a_schedule_is_refused_by_name_when_it_cannot_run() -> None:
         await h.schedule("x", "* * * * *", "report", timezone="Nowhere/Land")
     assert await h.store.list_schedules() == []
     await h.close()
+
+
+async def test_a_schedule_this_worker_cannot_start_is_logged_once_and_left_due(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A worker whose app lacks the schedule's agent leaves the run to one that has it,
+    and says so once, not every second."""
+    h = app()
+    record = await h.schedule("other-app", "* * * * *", "report")
+    await h.store.put_schedule(dataclasses.replace(record, agent="elsewhere",
+                                                   next_at=time.time() - 120))
+    warned: set[str] = set()
+    for _ in range(3):
+        assert await fire_due(h.store, h.start_run, h.log, warned) == 0
+    messages = [r.getMessage() for r in caplog.records if "other-app" in r.getMessage()]
+    assert len(messages) == 1 and "left to a worker whose app can" in messages[0]
+    assert (await h.schedule_named("other-app")).next_at < time.time()  # type: ignore[operator]
+    await h.close()

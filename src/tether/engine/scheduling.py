@@ -21,8 +21,12 @@ LOOK_EVERY = 1.0
 """Seconds between a worker's looks for due schedules (cron counts in minutes)."""
 
 
-async def fire_due(store: WorkerStore, start: StartRun, log: logging.Logger) -> int:
-    """Start the due runs of every due schedule; how many were started here."""
+async def fire_due(store: WorkerStore, start: StartRun, log: logging.Logger,
+                   warned: set[str] | None = None) -> int:
+    """Start the due runs of every due schedule; how many were started here. A schedule
+    this app cannot start is named in the log once per worker (in *warned*), not each
+    second."""
+    warned = set() if warned is None else warned
     started = 0
     now = time.time()
     for schedule in await store.due_schedules(now):
@@ -33,8 +37,10 @@ async def fire_due(store: WorkerStore, start: StartRun, log: logging.Logger) -> 
             for at in runs:
                 started += await _start(start, schedule, schedules.run_id(schedule.name, at))
         except TetherError as error:  # this app cannot start it (say, the agent is unknown)
-            log.warning("schedule %s: its run could not be started here: %s", schedule.name,
-                        error)
+            if schedule.name not in warned:
+                warned.add(schedule.name)
+                log.warning("schedule %s: its runs cannot be started by this worker (%s);"
+                            " left to a worker whose app can", schedule.name, error)
             continue
         if await store.advance_schedule(schedule.name, schedule.next_at, following, now):
             log.info("schedule %s: started %d run(s)%s; next at %s", schedule.name, len(runs),
@@ -53,15 +59,16 @@ async def _start(start: StartRun, schedule: ScheduleRecord, task_id: str) -> int
 
 async def keep_schedules(store: WorkerStore, start: StartRun, log: logging.Logger) -> None:
     """Look for due schedules every :data:`LOOK_EVERY` seconds until cancelled."""
-    warned = False
+    failed = False
+    unstartable: set[str] = set()
     while True:
         await asyncio.sleep(LOOK_EVERY)
         try:
-            await fire_due(store, start, log)
+            await fire_due(store, start, log, unstartable)
         except StoreUnavailable:
             continue
         except Exception:  # the scheduler must never stop the worker
-            if not warned:
+            if not failed:
                 log.exception("starting scheduled runs failed; trying again every %.0fs",
                               LOOK_EVERY)
-            warned = True
+            failed = True
