@@ -15,7 +15,7 @@ from typing import Any
 
 from tether import blobs
 from tether.model import IdempotencyRecord, Status, TaskRecord
-from tether.store import LimitUsage, ReadStore, StoredEvent, TaskQuery
+from tether.store import LimitUsage, ReadStore, ScheduleRecord, StoredEvent, TaskQuery
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,10 @@ class TaskReader:
         """Every named limit in use: slots held, tasks held back, recent admissions, a
         provider's block still in force."""
         return await self.store.limit_usage(time.time())
+
+    async def schedules(self) -> list[ScheduleRecord]:
+        """Every cron schedule, by name, with its next and last run."""
+        return await self.store.list_schedules()
 
     async def counts(self) -> dict[str, int]:
         """How many tasks are in each status (a status with none may be left out)."""

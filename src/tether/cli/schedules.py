@@ -50,7 +50,7 @@ async def add(harness: tt.Harness, name: str, cron: str, agent: str, task_input:
 @reading_command
 async def list_schedules(harness: tt.Harness, as_json: bool) -> None:
     """Every schedule, with its next run."""
-    found = await harness.store.list_schedules()
+    found = await harness.reads.schedules()
     if as_json:
         print_json([plain(record) for record in found])
         return

@@ -293,7 +293,7 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
         if session is None:
             return RedirectResponse("/console", 303)
         return page("schedules.html", request, session,
-                    schedules=await harness.store.list_schedules(),
+                    schedules=await harness.reads.schedules(),
                     operator=session.role == "operator")
 
     @app.post("/console/schedules/{name}/{action}", include_in_schema=False)

@@ -372,7 +372,7 @@ def create_app(harness: Harness, config: ServerConfig) -> FastAPI:
 
     @app.get("/api/schedules")
     async def list_schedules() -> list[dict[str, Any]]:
-        return [asdict(record) for record in await harness.store.list_schedules()]
+        return [asdict(record) for record in await harness.reads.schedules()]
 
     @app.put("/api/schedules/{name}")
     async def put_schedule(name: str, body: NewSchedule) -> dict[str, Any]:
