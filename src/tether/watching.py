@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import re
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
@@ -64,6 +65,10 @@ class Position:
 
 
 _POSITION = re.compile(r"(\d{1,9})\.(\d{1,9})(?:\.(\d{1,9}))?")
+POSITION_CHARS = 29
+"""The longest position: three counts of nine digits and their two dots."""
+KINDS: frozenset[str] = frozenset(ChangeKind.__args__)  # type: ignore[attr-defined]
+"""Every kind of change a stream sends."""
 
 
 @dataclass
@@ -72,6 +77,7 @@ class _Seen:
 
     position: Position
     record: TaskRecord | None = None
+    info: TaskInfo | None = None
     state: dict[str, Any] = field(default_factory=dict)
 
 
@@ -90,7 +96,7 @@ async def follow(harness: Harness, task_id: str, *, after: Position | None = Non
     while True:
         record = await harness.reads.task(task_id)
         if seen.record is None or _moved(seen.record, record):
-            for change in await _changes(harness, task_id, seen):
+            for change in await _changes(harness, record, seen):
                 last_sent = loop.time()
                 yield change
         seen.record = record
@@ -123,13 +129,29 @@ def _moved(before: TaskRecord, now: TaskRecord) -> bool:
         now.updated_at)
 
 
-async def _changes(harness: Harness, task_id: str, seen: _Seen) -> list[Change]:
-    info = await harness.get(task_id)
+async def _changes(harness: Harness, record: TaskRecord, seen: _Seen) -> list[Change]:
+    """What changed since *seen*. Rows and recovery records come only with a new version,
+    so a lease renewal or a status written alone costs no read of the dialog."""
+    kept = seen.info
+    new_version = kept is None or record.head_version != kept.record.head_version
+    info = await harness.get(record.task_id) if kept is None or new_version else \
+        dataclasses.replace(kept, record=record)
+    seen.info = info
     changes: list[Change] = []
     state = state_of(info)
     if state != seen.state:
         seen.state = state
         changes.append(Change("state", state, seen.position))
+    if new_version:
+        changes += await _new_rows(harness, info, seen)
+    return changes
+
+
+async def _new_rows(harness: Harness, info: TaskInfo, seen: _Seen) -> list[Change]:
+    """The dialog rows and recovery records past the reader's position (a reset first, if
+    the dialog took another branch)."""
+    changes: list[Change] = []
+    task_id = info.record.task_id
     rows = await harness.reads.history(task_id, info.snapshot.history_segments)
     rows = rows[: info.snapshot.history_len]
     branch = len(info.snapshot.history_segments)

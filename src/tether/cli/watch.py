@@ -21,7 +21,7 @@ import orjson
 import tether as tt
 from tether.cli.app import reading_command
 from tether.cli.render import echo, error, local_time, say
-from tether.watching import Change, Position, follow
+from tether.watching import KINDS, Change, Position, follow
 from tether.web.timeline import recovery_entry, row_entry
 
 RECONNECT_SECONDS = 30.0
@@ -154,9 +154,10 @@ async def _from_server(base: str, token: str, task_id: str) -> AsyncGenerator[Ch
                     await _check(source.response, task_id)
                     failing_since = None
                     async for event in source.aiter_sse():
-                        position = Position.parse(event.id) if event.id else position
-                        change = Change(event.event, orjson.loads(event.data),  # type: ignore[arg-type]
-                                        position)
+                        position = _position(event.id, position)
+                        change = _change(event.event, event.data, position)
+                        if change is None:
+                            continue  # a kind this tether does not know: a newer server's
                         yield change
                         if change.kind == "end":
                             return
@@ -166,6 +167,28 @@ async def _from_server(base: str, token: str, task_id: str) -> AsyncGenerator[Ch
                     raise WatchFailed(f"lost the stream from {base} and could not get it back"
                                       f" for {RECONNECT_SECONDS:.0f} s: {exc}") from None
                 await asyncio.sleep(1.0)
+
+
+def _position(text: str, before: Position) -> Position:
+    try:
+        return Position.parse(text) if text else before
+    except tt.InvalidInput as error:
+        raise WatchFailed(f"the server sent an event id that is no stream position: {error}"
+                          ) from None
+
+
+def _change(kind: str, data: str, position: Position) -> Change | None:
+    """A server's event as a change: None for a kind this tether does not know, and
+    WatchFailed for data that is not a JSON object (nothing from outside is trusted)."""
+    if kind not in KINDS:
+        return None
+    try:
+        payload = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        payload = None
+    if not isinstance(payload, dict):
+        raise WatchFailed(f"the server sent a {kind!r} event whose data is not a JSON object")
+    return Change(kind, payload, position)  # type: ignore[arg-type]
 
 
 async def _check(response: Any, task_id: str) -> None:

@@ -197,7 +197,7 @@ class Worker:
                     await self._pause(self.outage.failed(error), stop)
                     continue
                 if until_idle and not self.active and not claimed and not self._stranded \
-                        and not await self._held_by_the_dead() and not await self._held_back():
+                        and not await self._others_to_wait_for():
                     return
                 await self._wait_for_change(stop)
         finally:
@@ -262,14 +262,22 @@ class Worker:
                 break
         return claimed
 
-    async def _held_by_the_dead(self) -> bool:
+    async def _others_to_wait_for(self) -> bool:
+        """Whether a run until idle must go on for a task it does not hold: one leased by a
+        worker that died, or one held back by a limit (one look at the running tasks)."""
+        running = await self.harness.running_tasks(LEASES_LOOKED_AT)
+        return self._held_by_the_dead(running) or any(
+            task.lease_owner is None and (task.reason or "").startswith(HELD_BACK)
+            for task in running)
+
+    def _held_by_the_dead(self, running: list[TaskRecord]) -> bool:
         """Whether a run until idle must go on: a task is held under a lease its holder
         stopped renewing (a worker killed mid-task leaves its tasks leased until the lease
         runs out), so it is waited for and then taken over. A lease renewed meanwhile is a
         live worker's: that task is left to it, and the log says so."""
         now = time.time()
         waiting = []
-        for task in await self.harness.running_tasks(LEASES_LOOKED_AT):
+        for task in running:
             until = task.lease_until or 0.0
             if task.lease_owner in (None, self.harness.worker_id) or until <= now \
                     or task.task_id in self._alive:
@@ -287,12 +295,6 @@ class Worker:
             self._leases_seen[task.task_id] = until
             waiting.append(task)
         return bool(waiting)
-
-    async def _held_back(self) -> bool:
-        """Whether a run until idle must go on: a task held back by a limit runs as soon as
-        a slot is let go or its window moves on, so it is waited for."""
-        return any(task.lease_owner is None and (task.reason or "").startswith(HELD_BACK)
-                   for task in await self.harness.running_tasks(LEASES_LOOKED_AT))
 
     async def _wait_for_change(self, stop: asyncio.Event | None) -> None:
         """Until a task ends, work arrives (stored here, or seen by :meth:`_watch`), a poll

@@ -27,7 +27,7 @@ from tether.harness import Harness
 from tether.model import LARGEST_COUNT, CallStatus, Event, Status
 from tether.protocol import RESERVED_EVENTS
 from tether.store import TaskQuery
-from tether.watching import Position
+from tether.watching import POSITION_CHARS, Position
 from tether.web.live import StreamSlots, stream_response
 from tether.web.security import (
     FailureLimiter,
@@ -210,8 +210,8 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
                     event_types=_event_types(harness))
 
     @app.get("/console/tasks/{task_id}/stream", include_in_schema=False)
-    async def stream(request: Request, task_id: str, after: str = Query("", max_length=20)
-                     ) -> Response:
+    async def stream(request: Request, task_id: str,
+                     after: str = Query("", max_length=POSITION_CHARS)) -> Response:
         """The task page's live feed: timeline entries shaped as the page shows them."""
         session = session_of(request)
         if session is None:

@@ -60,6 +60,7 @@ from tether.harness import Harness
 from tether.model import LARGEST_COUNT, EmitReceipt, Event, Status
 from tether.protocol import RESERVED_EVENTS
 from tether.store import LimitUsage, TaskQuery
+from tether.watching import POSITION_CHARS
 from tether.web.console import install_console
 from tether.web.live import StreamSlots, stream_response
 from tether.web.security import (
@@ -296,8 +297,8 @@ def create_app(harness: Harness, config: ServerConfig) -> FastAPI:
                 for v, at, size in await harness.reads.versions(task_id)]
 
     @app.get("/api/tasks/{task_id}/stream", response_class=StreamingResponse)
-    async def stream(task_id: str, after: str | None = Query(None, max_length=20),
-                     last_event_id: str | None = Header(None, max_length=20)
+    async def stream(task_id: str, after: str | None = Query(None, max_length=POSITION_CHARS),
+                     last_event_id: str | None = Header(None, max_length=POSITION_CHARS)
                      ) -> StreamingResponse:
         """The task's committed changes as server-sent events, until it finishes: ``state``
         (status, version, step, lease), ``row`` (a dialog row), ``recovery`` (a recovery
