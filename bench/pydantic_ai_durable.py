@@ -39,7 +39,7 @@ Two figures, the runs in processes of their own (``--child``), as compare.py doe
    durable runner should ask the model no more often than an uninterrupted run does; the
    killed tool call itself may run twice (it is idempotent).
 
-    .bench-venv/bin/python bench/pydantic_ai_durable.py [--steps 10,100] [--rounds 3]
+    .bench-venv/bin/python bench/pydantic_ai_durable.py [--steps 10,100,300] [--rounds 3]
 
 prints markdown tables and exits 0 (1 if a run failed).
 """
@@ -456,6 +456,45 @@ def overhead_table(runs: Timed, sizes: Sequence[int], clock: str) -> str:
     return table(head, rows)
 
 
+TARGET_MS = 1.0
+"""Issue 27's target: tether's CPU ms per tool call above the plain run, at N=10 and N=100."""
+TARGET_AT = (10, 100)
+FLAT_MS = 1.0
+"""... and flat: from the smallest N to the largest, tether's overhead moves by no more."""
+Overheads = Callable[[Any, str, int, str], "list[float] | None"]
+
+
+def target_table(runs: Any, sizes: Sequence[int], over: Overheads = overheads) -> str:
+    """Issue 27's target on the CPU clock, met or not: per N the plain run's CPU ms per tool
+    call, tether's and DBOS's medians above it, then whether tether's is flat across N.
+    *over* is the bench's own ``overheads``."""
+    def median(system: str, steps: int) -> float | None:
+        found = over(runs, system, steps, "cpu_seconds") if system in runs else None
+        return statistics.median(found) if found else None
+
+    def cell(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:+.3f}"
+
+    rows = []
+    for steps in sizes:
+        plain = runs["plain"].get(steps)
+        ours = median("tether", steps)
+        verdict = "-" if steps not in TARGET_AT or ours is None else (
+            "**met**" if ours <= TARGET_MS else f"**not met** ({ours - TARGET_MS:+.3f})")
+        rows.append([str(steps), spread([r["cpu_seconds"] * 1000 / steps for r in plain], 3)
+                     if isinstance(plain, list) and plain else "n/a",
+                     cell(ours), cell(median("dbos", steps)), verdict])
+    ours_all = [m for m in (median("tether", n) for n in sizes) if m is not None]
+    if len(ours_all) == len(sizes) > 1:
+        moved = ours_all[-1] - ours_all[0]
+        rows.append([f"flat, N={sizes[0]} to N={sizes[-1]}", "", f"moved {moved:+.3f}", "",
+                     "**met**" if abs(moved) <= FLAT_MS else "**not met**"])
+    return table(["N", "plain: CPU ms per tool call", "tether: CPU ms overhead per tool call",
+                  "DBOS: CPU ms overhead per tool call",
+                  f"target: tether <= {TARGET_MS:g} ms at N={' and N='.join(map(str, TARGET_AT))},"
+                  f" flat within {FLAT_MS:g} ms"], rows)
+
+
 def kill_table(runs: Timed, found: Killed, sizes: Sequence[int]) -> str:
     """Model requests and tool calls of a killed and restarted run beside an uninterrupted
     one (the first timed round's, counted the same way)."""
@@ -505,6 +544,8 @@ def markdown(runs: Timed, found: Killed, sizes: Sequence[int], rounds: int, seco
         "The same runs on the CPU clock (every thread of the process): less shaken by other"
         " work on a shared machine, blind to waiting on the disk.", "",
         overhead_table(runs, sizes, "cpu_seconds"), "",
+        "Issue 27's target, on the CPU clock (medians of the table above):", "",
+        target_table(runs, sizes), "",
         "Each system's process SIGKILLed inside tool call k = N/2 (after the call's work, before"
         " its result is returned), then the same program started again to finish the run; model"
         " requests and tool calls counted across both processes. The plain run can only start"
@@ -516,7 +557,8 @@ def markdown(runs: Timed, found: Killed, sizes: Sequence[int], rounds: int, seco
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", default="10,100", help="tool calls per run, comma-separated")
+    parser.add_argument("--steps", default="10,100,300",
+                        help="tool calls per run, comma-separated")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None,
                         help="also write the tables there (docs/benchmarks-pydantic-ai.md, which"

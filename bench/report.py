@@ -330,6 +330,8 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 COPIED = (
     ("benchmarks-pydantic-ai.md", "PydanticAI agents: tether beside PydanticAI's DBOS integration",
      "bench/pydantic_ai_durable.py"),
+    ("benchmarks-openai-agents.md", "OpenAI Agents SDK agents: tether beside DBOS's integration",
+     "bench/openai_agents_durable.py"),
     ("benchmarks-limits.md", "Shared limits: how exactly they hold, seen by the provider",
      "bench/limits_accuracy.py"),
     ("benchmarks-soak.md", "Soak: 100,000 tasks through one SQLite store with retention on",

@@ -7,6 +7,7 @@ tool call, idempotency keys, bounded recovery and a needs-a-person path.
 
 from tether.agent import Agent, CutOff, Fallback, TaskView
 from tether.errors import (
+    CallInFlight,
     ConfigurationError,
     CorruptSnapshot,
     CorruptStore,
@@ -15,6 +16,7 @@ from tether.errors import (
     InDoubtCall,
     InvalidInput,
     LeaseLost,
+    LifespanFailed,
     NeedsPerson,
     NotRetryable,
     OutcomeUnknown,
@@ -22,6 +24,7 @@ from tether.errors import (
     ReservedEventType,
     ScheduleNotFound,
     SnapshotTooNew,
+    StaleDecision,
     StoreError,
     StoreUnavailable,
     TaskClosed,
@@ -61,6 +64,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Action",
     "Agent",
+    "CallInFlight",
     "CancelSubtask",
     "ConfigurationError",
     "CorruptSnapshot",
@@ -78,6 +82,7 @@ __all__ = [
     "InterruptionProtocol",
     "InvalidInput",
     "LeaseLost",
+    "LifespanFailed",
     "Limit",
     "NeedsPerson",
     "NotRetryable",
@@ -94,6 +99,7 @@ __all__ = [
     "Snapshot",
     "SnapshotTooNew",
     "Spawn",
+    "StaleDecision",
     "Status",
     "StoreError",
     "StoreUnavailable",

@@ -12,7 +12,7 @@ import copy
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
 from tether.model import Action, Event, Frame, Snapshot
 
@@ -51,6 +51,27 @@ class HistoryView(Sequence[Mapping[str, Any]]):
 
     def __iter__(self) -> Iterator[Mapping[str, Any]]:
         return (MappingProxyType(e) for e in self._entries)
+
+    def position(self) -> DialogPosition:
+        """Where the dialog stands now, for :meth:`since`."""
+        return DialogPosition(len(self._entries), self._entries[-1] if self._entries else None)
+
+    def since(self, position: DialogPosition) -> Sequence[Mapping[str, Any]] | None:
+        """The rows added after *position*, or None if the dialog is not the one it was taken
+        from (a load, a rollback or a fork: the rows before it are other objects now). A
+        framework adapter keeps its history in memory and decodes only these (R17)."""
+        n, last = position
+        if n > len(self._entries) or (n and self._entries[n - 1] is not last):
+            return None
+        return self[n:]
+
+
+class DialogPosition(NamedTuple):
+    """A dialog's length and its last row (the object itself: rows are appended, never
+    rewritten, so the same object at the same place means the same rows before it)."""
+
+    length: int
+    last: object
 
 
 class TaskView:
@@ -214,9 +235,18 @@ class Agent:
         tools): ``Harness.add_agent`` registers them once the agent has its name."""
         return ()
 
-    async def plan(self, task: TaskView) -> Action:
-        """Return the next action for this frame."""
+    async def plan(self, task: TaskView) -> Action | Sequence[Action]:
+        """Return the next action for this frame, or the actions of one answer (a model's
+        several tool calls). The engine holds an answer's actions in the snapshot and runs
+        them in order without asking again; a newer message that arrives before one starts
+        sets the rest aside (each call is answered "not run") and the agent plans again."""
         raise NotImplementedError(f"agent {type(self).__name__} must implement plan()")
+
+    async def prepare(self, task: TaskView, action: Action) -> Action:
+        """An action of an answer, just before it runs: return it as it should run now (an
+        action of the same kind). Override to put what happened since the answer into it (a
+        person's approval); the engine records the returned action before running it."""
+        return action
 
     async def on_event(self, task: TaskView, event: Event) -> Action | None:
         """React to an event (a user interrupt, a failed tool call); None takes the default.

@@ -39,6 +39,11 @@ class UnknownEventType(ConfigurationError):
     """The event type is not in the interruption protocol; pass priority= or add it."""
 
 
+class LifespanFailed(TetherError):
+    """An application lifespan (``@harness.lifespan``) raised: on enter, so the workers did not
+    start and no task was claimed; or on exit, after the workers had stopped."""
+
+
 class InvalidInput(TetherError):
     """The input is not valid: it must be JSON-serialisable and well formed."""
 
@@ -67,6 +72,16 @@ class VersionNotFound(TetherError):
 
 class IllegalTransition(TetherError):
     """The task cannot move from its current status to the one requested."""
+
+
+class CallInFlight(IllegalTransition):
+    """The call is running under a live worker's lease: its outcome is not in doubt, so
+    there is nothing to decide yet; wait for it to finish (or for its worker to die)."""
+
+
+class StaleDecision(IllegalTransition):
+    """A decision was made about a call in a state the task has since left (the call ran
+    again, was settled, or the task was rolled back): it is dropped, never applied."""
 
 
 class TaskClosed(TetherError):
@@ -144,3 +159,9 @@ class StoreUnavailable(StoreError):
 class CorruptStore(StoreError):
     """The store's file or tables are damaged: run `tether check` to see what is affected,
     and restore the store from a backup."""
+
+
+class StoreReplaced(CorruptStore):
+    """The store's file was deleted or replaced while this process had it open: what it
+    writes would go to a file that is no longer there, so it writes nothing more to it.
+    Start the process again on the file that is there now (or put back the one you meant)."""

@@ -8,13 +8,15 @@ what a task should do next; agents propose and the runner applies.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import inspect
 import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, overload
@@ -22,23 +24,37 @@ from typing import Any, TypeVar, overload
 from tether import blobs, schedules
 from tether.agent import Agent
 from tether.bundle import dumps_bundle, export_bundle
-from tether.engine.decisions import DECISIONS, Decision, call_awaiting_decision, in_doubt_message
+from tether.engine.calls import (
+    DECISIONS,
+    Decision,
+    awaiting_decision,
+    code_differs,
+    etag,
+    in_doubt_message,
+    observation,
+    settled_by_record,
+)
 from tether.engine.forking import ForkPlan
 from tether.engine.forking import fork as fork_task
 from tether.engine.housekeeping import Swept, sweep
 from tether.engine.inbox import Inbox
+from tether.engine.limits import held_repeat
 from tether.engine.loading import newest_readable
 from tether.engine.runner import Runner
 from tether.engine.timers import Moment, due_time
 from tether.engine.worker import Worker, new_worker_id, run_claimed
 from tether.errors import (
+    CallInFlight,
     ConfigurationError,
     IllegalTransition,
     InDoubtCall,
     InvalidInput,
+    LifespanFailed,
     ReservedEventType,
     ScheduleNotFound,
+    StaleDecision,
     TaskNotFound,
+    TetherError,
     UnknownAgent,
 )
 from tether.model import (
@@ -62,7 +78,7 @@ from tether.settings import Settings
 from tether.store import ScheduleRecord, Store, open_store
 from tether.telemetry import Telemetry
 from tether.throttling import Limit, make_limit
-from tether.tools import RetryPolicy, Tool, ToolFn
+from tether.tools import RetryPolicy, Tool, ToolFn, describe_error
 
 KEEP_INPUT: Any = object()
 """The default of :meth:`Harness.resume`'s *input*: the task keeps the input it has."""
@@ -70,6 +86,7 @@ CAPTURED_HEADS = 64
 """Rollback targets this process keeps in memory for its own workers (oldest dropped first)."""
 Notifier = Callable[[dict[str, Any]], Awaitable[None] | None]
 A = TypeVar("A", bound=Agent)
+L = TypeVar("L", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True)
@@ -81,6 +98,13 @@ class TaskInfo:
     snapshot: Snapshot
     damaged: tuple[str, ...] = ()
     """Newer versions that could not be read (shown instead: the newest readable one)."""
+    etag: str = dataclasses.field(init=False)
+    """A token of this view, taken when it was read: pass it to :meth:`Harness.decide` to
+    have the decision refused if the task is no longer as shown (see
+    :func:`tether.engine.calls.etag`)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "etag", etag(self.record, self.version, self.snapshot))
 
 
 class Harness:
@@ -124,6 +148,7 @@ class Harness:
         """Worker-wide degradation: every task this harness runs follows its fallback (R3)."""
         self.log = logging.getLogger("tether")
         self._captured: dict[int, tuple[int, bytes]] = {}
+        self._lifespans = _Lifespans(self)
 
     @property
     def store(self) -> Store:
@@ -165,17 +190,21 @@ class Harness:
     def tool(self, *, name: str | None = None, side_effect: bool = False,
              idempotent: bool = False, timeout: float | None = None,
              retry: RetryPolicy | None = None, interruptible: bool = False,
-             version: str = "1", limits: Sequence[str] = ()) -> Callable[[ToolFn], Tool]: ...
+             version: str = "1", limits: Sequence[str] = (),
+             repeatable: bool = False) -> Callable[[ToolFn], Tool]: ...
     def tool(self, fn: ToolFn | None = None, /, *, name: str | None = None,  # type: ignore[misc]
              side_effect: bool = False, idempotent: bool = False, timeout: float | None = None,
              retry: RetryPolicy | None = None, interruptible: bool = False,
-             version: str = "1", limits: Sequence[str] = ()) -> Tool | Callable[[ToolFn], Tool]:
-        """Register an async tool ``fn(ctx, **args)``; see :class:`tether.tools.Tool`."""
+             version: str = "1", limits: Sequence[str] = (),
+             repeatable: bool = False) -> Tool | Callable[[ToolFn], Tool]:
+        """Register a tool ``fn(ctx, **args)``, an ``async def`` or a plain ``def`` (run in a
+        thread); see :class:`tether.tools.Tool`."""
 
         def register(fn: ToolFn) -> Tool:
             tool = Tool(fn, name=name or fn.__name__, side_effect=side_effect,
                         idempotent=idempotent, timeout=timeout, retry=retry or RetryPolicy(),
-                        interruptible=interruptible, version=version, limits=limits)
+                        interruptible=interruptible, version=version, limits=limits,
+                        repeatable=repeatable)
             return self.add_tool(tool)
 
         return register(fn) if fn is not None else register
@@ -235,6 +264,51 @@ class Harness:
         """Teach the harness to check and clean up one more kind of external resource."""
         self.resource_kinds.register(name, ResourceKind(exists, cleanup))
 
+    def lifespan(self, fn: L, /) -> L:
+        """Register an app lifespan: an async generator function of the harness that yields
+        once, like FastAPI's and Starlette's. What comes before the ``yield`` runs before any
+        worker of this process claims a task, what comes after runs once they have stopped
+        (drained, on SIGTERM too)::
+
+            @harness.lifespan
+            async def mcp_tools(h: tt.Harness) -> AsyncIterator[None]:
+                async with payments:     # an MCPTools, an HTTP client, a DB pool...
+                    yield
+
+        The same function decorated with ``contextlib.asynccontextmanager`` is taken too.
+        Several lifespans are entered in the order they were registered and left in reverse.
+        ``tether worker``, ``tether serve --with-worker``, :meth:`run_until_idle` and
+        :meth:`serve` enter them (see :meth:`lifespan_context`); commands that only pull a
+        lever or read do not. Returns *fn* unchanged."""
+        self._lifespans.register(fn)
+        return fn
+
+    @property
+    def lifespans(self) -> tuple[str, ...]:
+        """The names of the registered lifespans (``module.function``), in the order they are
+        entered."""
+        return self._lifespans.names
+
+    @property
+    def lifespan_entered(self) -> bool:
+        """Whether this harness's lifespans are entered now."""
+        return self._lifespans.entered
+
+    def lifespan_context(self) -> AbstractAsyncContextManager[None]:
+        """Enter this harness's lifespans for the block (``async with h.lifespan_context():``).
+
+        Entering is counted per harness: the first to enter runs every lifespan's enter, a
+        block entered while they are open shares them, and the last to leave runs their exit.
+        So :meth:`run_until_idle` inside such a block enters nothing more, and two calls of
+        it outside one each enter and leave. A lifespan that raises on enter leaves the ones
+        entered before it (in reverse) and raises :class:`~tether.errors.LifespanFailed`
+        naming it: the block does not run. One that raises on exit is logged with its
+        traceback; the others are still left, then ``LifespanFailed`` is raised. The
+        lifespans run in one asyncio task of their own, entered and left there (anyio task
+        groups, as the MCP SDK uses, need that), so a contextvar one sets is not seen by
+        the workers: hand them what they need on an object."""
+        return self._lifespans.context()
+
     # ------------------------------------------------------------------ tasks and events
 
     async def submit(self, agent: str, input: Any = None, task_id: str | None = None, *,
@@ -293,45 +367,105 @@ class Harness:
     async def resume(self, task_id: str, message: str | None = None,
                      frame_patch: dict[str, Any] | None = None,
                      source_event_id: str | None = None, *, by: str | None = None,
-                     input: Any = KEEP_INPUT) -> EmitReceipt:
+                     input: Any = KEEP_INPUT, earlier_result: bool = False) -> EmitReceipt:
         """Resume a paused, parked or failed task, optionally with a message, a frame patch,
         or a corrected *input* (the task's input is replaced; the old one stays in the
         dialog, and the agent plans again from where the task stopped, with its idempotency
         keys, so what already happened is not repeated).
 
-        Refused (:class:`InDoubtCall`) while a side-effecting call's outcome is unknown: a
-        person must say what happened with :meth:`decide`, or it could be repeated blindly.
+        Refused (:class:`InDoubtCall`) while a side-effecting call's outcome is unknown, in
+        any status (a failed task's too): a person must say what happened with
+        :meth:`decide`, or it could be repeated blindly. A call running under a live
+        worker's lease is not in doubt: the resume goes to that worker.
+
+        A task holding a repeat of a side effect that already succeeded (the same tool, the
+        same arguments) runs it when resumed; with *earlier_result* it does not run, and the
+        agent is answered with the earlier identical call's result instead (refused with
+        :class:`IllegalTransition` when the task holds no such repeat).
         """
         info = await self.get(task_id)
-        call = call_awaiting_decision(info.snapshot, self.tools)
-        if call is not None and not info.snapshot.status.is_terminal:
+        if earlier_result:
+            await self._check_held_repeat(info, message, frame_patch)
+        call = await awaiting_decision(self.store, info.snapshot, self.tools)
+        if call is not None and info.snapshot.status not in FINAL \
+                and info.record.runner() is None:
             raise InDoubtCall(in_doubt_message(task_id, call))
-        payload = {"message": message, "frame_patch": frame_patch, "by": _who(by)}
+        payload: dict[str, Any] = {"message": message, "frame_patch": frame_patch,
+                                   "by": _who(by)}
+        if earlier_result:
+            payload["earlier_result"] = True
         if input is not KEEP_INPUT:
             payload["input"] = _to_plain(input, self.settings.max_payload_bytes, "input")
         return await self._control(Event("resume", task_id, payload,
                                          source_event_id=source_event_id))
 
+    async def _check_held_repeat(self, info: TaskInfo, message: str | None,
+                                 frame_patch: dict[str, Any] | None) -> None:
+        if message or frame_patch:
+            raise InvalidInput("answering the held call with the earlier result and a message"
+                               " (or patch) that has the agent plan again without it are two"
+                               " answers: choose one")
+        task_id = info.record.task_id
+        if held_repeat(info.snapshot, await self.history(task_id)) is None:
+            raise IllegalTransition(f"task {task_id} holds no repeat of a call that already"
+                                    " succeeded, so there is no earlier result to answer it"
+                                    " with (resume it without that option)")
+
     async def decide(self, task_id: str, outcome: str, result: Any = None, *,
-                     by: str | None = None) -> EmitReceipt:
+                     by: str | None = None, key: str | None = None,
+                     attempt: int | None = None, etag: str | None = None) -> EmitReceipt:
         """Settle a call whose outcome is unknown, on a person's word, and carry on.
 
         *outcome* is ``happened`` (its *result* is recorded as the call's, nothing is run),
         ``not_happened`` (it runs now, with the same idempotency key) or ``skip`` (it is
         dropped; the agent sees it was skipped). The decision and *by* go into the dialog
         and the recovery log.
+
+        A decision is about what the store says now: the call under its key, at its
+        attempt, on its dialog branch. It is refused (:class:`CallInFlight`) while the call
+        runs under a live lease, and dropped as stale (recorded, never applied) if the call
+        has moved on by the time a worker applies it. A caller that showed the call to a
+        person first (the console, a client of the API) passes the *key* and *attempt* it
+        showed, or better the :attr:`TaskInfo.etag` of the view it showed: if the store's
+        call is another by now, or the task is no longer as shown (its worker died since the
+        person saw the call running, it was resumed, rolled back), the decision is refused
+        (:class:`StaleDecision`) instead of being applied to a state the person never saw.
         """
         if outcome not in DECISIONS:
             raise InvalidInput(f"outcome must be one of {', '.join(DECISIONS)}, not {outcome!r}")
         if result is not None and outcome != Decision.HAPPENED:
             raise InvalidInput(f"a result goes with 'happened' only, not with {outcome!r}")
         info = await self.get(task_id)
-        call = info.snapshot.call
-        if call is None or call.status != CallStatus.STARTED \
-                or info.snapshot.status.is_terminal:
+        snap, call = info.snapshot, info.snapshot.call
+        if call is None or call.status != CallStatus.STARTED or snap.status in FINAL:
             raise IllegalTransition(f"task {task_id} has no call whose outcome is unknown;"
                                     " there is nothing to decide (resume it instead)")
-        payload = {"outcome": outcome, "key": call.key, "by": _who(by),
+        seen = observation(snap)
+        if (key is not None and key != seen["key"]) or \
+                (attempt is not None and attempt != seen["attempt"]):
+            raise StaleDecision(f"task {task_id}: the call in doubt is now {call.tool}"
+                                f" key={call.key} attempt {call.attempt}, not the one shown"
+                                f" (key={key} attempt {attempt}); look at it again")
+        if etag is not None and etag != info.etag:
+            raise StaleDecision(f"task {task_id} is no longer as it was shown (it is"
+                                f" {info.record.status.value} at version {info.version}, its"
+                                f" call {call.tool} key={call.key} attempt {call.attempt}"
+                                f"{' running' if info.record.runner() else ''}); look at it"
+                                " again and decide anew")
+        live = info.record.runner()
+        if live is not None:
+            raise CallInFlight(
+                f"task {task_id}: {call.tool} key={call.key} is running now, under the lease"
+                f" of worker {live}; its outcome is not in doubt, so there is nothing to"
+                " decide. Wait for it to finish; if that worker died, a worker recovers the"
+                " task once the lease runs out and asks a person only if the outcome is"
+                " really unknown")
+        if settled_by_record(call, await self.store.get_idempotency(call.key)):
+            raise IllegalTransition(f"task {task_id}: {call.tool} key={call.key} has a record of"
+                                    " its outcome; it is answered from that record when the"
+                                    " task runs, so there is nothing to decide (resume it)")
+        payload = {"outcome": outcome, "by": _who(by), **seen,
+                   "version": info.version,
                    "result": _to_plain(result, self.settings.max_payload_bytes, "result")}
         return await self._control(Event("decide", task_id, payload))
 
@@ -406,7 +540,7 @@ class Harness:
         return record
 
     async def schedule_named(self, name: str) -> ScheduleRecord:
-        found = await self.store.list_schedules(name)
+        found = await self.store.list_schedules(schedules.check_name(name))
         if not found:
             raise ScheduleNotFound(f"no schedule {name!r}; `tether schedule ls` lists them")
         return found[0]
@@ -432,7 +566,7 @@ class Harness:
 
     async def delete_schedule(self, name: str) -> None:
         """Delete a schedule; the tasks it started stay."""
-        if not await self.store.delete_schedule(name):
+        if not await self.store.delete_schedule(schedules.check_name(name)):
             raise ScheduleNotFound(f"no schedule {name!r}; nothing was deleted")
 
     def degrade(self, detail: dict[str, Any] | str) -> None:
@@ -469,23 +603,59 @@ class Harness:
             self._captured[receipt.event_id] = captured
             while len(self._captured) > CAPTURED_HEADS:
                 del self._captured[next(iter(self._captured))]
-        if event.task_id not in self.runners:
+        if event.task_id not in self.runners and not await self._lacks_code(event.task_id):
             claim = await self.store.claim_task(event.task_id, self.worker_id, time.time(),
                                                 self.settings.lease_seconds)
             if claim is not None:
                 await run_claimed(self, claim, steps=False)
         return receipt
 
+    async def _lacks_code(self, task_id: str) -> list[str]:
+        """What this process lacks of a task's code, judged on the task as the store has it
+        now, after the lever was stored (an unreadable head is left to the worker that
+        claims it, as before)."""
+        try:
+            snap = (await self.get(task_id)).snapshot
+        except TetherError:
+            return []
+        return self.lacks_code(snap)
+
+    def lacks_code(self, snap: Snapshot) -> list[str]:
+        """What of *snap*'s code is missing here (agents of its frames, the tool of its open
+        call, or a tool of that name declaring otherwise); empty if this process may apply
+        a lever to it at once.
+
+        Only the code judges: a lever applied here may ask an agent whether its wait has
+        ended, a reconcile hook what became of a call. A process without that code (a CLI
+        or server started without ``--app``, another app) stores the lever for a worker
+        that has it, and says so."""
+        missing = [f"agent {name!r}" for name in dict.fromkeys(f.agent for f in snap.stack)
+                   if name not in self.agents]
+        for call in snap.open_calls():
+            differs = code_differs(call, self.tools)
+            if differs is not None:
+                missing.append(differs)
+        return missing
+
     # ------------------------------------------------------------------ running
 
     async def run_until_idle(self, concurrency: int = 4, timeout: float | None = None,
                              stop: asyncio.Event | None = None) -> None:
-        """Run tasks until none has work left (waiting tasks with future timers stay asleep)."""
-        await asyncio.wait_for(Worker(self, concurrency).run(until_idle=True, stop=stop), timeout)
+        """Run tasks until none has work left (waiting tasks with future timers stay asleep).
+
+        The app's lifespans are entered first unless they are already (see
+        :meth:`lifespan_context`), and left after the workers stop; *timeout* covers both."""
+        async def run() -> None:
+            async with self.lifespan_context():
+                await Worker(self, concurrency).run(until_idle=True, stop=stop)
+
+        await asyncio.wait_for(run(), timeout)
 
     async def serve(self, concurrency: int = 4, stop: asyncio.Event | None = None) -> None:
-        """Run as a long-lived worker: claim, run and recover tasks until *stop* is set."""
-        await Worker(self, concurrency).run(until_idle=False, stop=stop, wake_waiting=True)
+        """Run as a long-lived worker: claim, run and recover tasks until *stop* is set (in
+        the app's lifespans, entered unless they are already: :meth:`lifespan_context`)."""
+        async with self.lifespan_context():
+            await Worker(self, concurrency).run(until_idle=False, stop=stop, wake_waiting=True)
 
     async def wake_waiting(self) -> int:
         """Have every waiting task re-checked once (R16): an approval may have come meanwhile."""
@@ -533,12 +703,177 @@ class Harness:
 
 
 
+LifespanOpener = Callable[["Harness"], AbstractAsyncContextManager[Any]]
+
+
+class _Lifespans:
+    """A harness's app lifespans, and the count of those inside them (see
+    :meth:`Harness.lifespan_context`)."""
+
+    def __init__(self, harness: Harness) -> None:
+        self._harness = harness
+        self._registered: list[tuple[str, LifespanOpener, object]] = []
+        self._users = 0
+        self._lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+        self._owner: tuple[asyncio.Task[None], asyncio.Event] | None = None
+
+    def register(self, fn: object) -> None:
+        opener, name = _lifespan_opener(fn)
+        if any(given is fn for _, _, given in self._registered):
+            raise ConfigurationError(f"lifespan {name!r} is already registered")
+        if self._owner is not None:
+            raise ConfigurationError(
+                f"lifespan {name!r} is registered while this harness's lifespans are entered"
+                " (a worker runs): register every lifespan before the workers start")
+        self._registered.append((name, opener, fn))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _, _ in self._registered)
+
+    @property
+    def entered(self) -> bool:
+        return self._owner is not None
+
+    def _the_lock(self) -> asyncio.Lock:
+        """One lock per event loop (a module-level harness may serve several in turn)."""
+        loop = asyncio.get_running_loop()
+        if self._lock is None or self._lock[0] is not loop:
+            self._lock = (loop, asyncio.Lock())
+        return self._lock[1]
+
+    @asynccontextmanager
+    async def context(self) -> AsyncIterator[None]:
+        async with self._the_lock():
+            if self._users == 0 and self._registered:
+                await self._start()
+            self._users += 1
+        try:
+            yield
+        except BaseException:  # the workers' own error stays the one raised
+            with contextlib.suppress(LifespanFailed):  # logged, and said by the log only
+                await self._leave()
+            raise
+        await self._leave()
+
+    async def _leave(self) -> None:
+        async with self._the_lock():
+            self._users -= 1
+            if self._users == 0 and self._owner is not None:
+                owner, release = self._owner
+                self._owner = None
+                release.set()
+                await asyncio.shield(owner)  # raises LifespanFailed if an exit raised
+
+    async def _start(self) -> None:
+        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        release = asyncio.Event()
+        owner = asyncio.create_task(self._own(ready, release), name="tether lifespans")
+        try:
+            await ready
+        except BaseException as error:  # an enter raised, or this caller was cancelled
+            if isinstance(error, asyncio.CancelledError):
+                owner.cancel()  # stop an enter in flight; the entered ones are still left
+            with contextlib.suppress(BaseException):  # exits that raised are logged already
+                await owner
+            raise
+        self._owner = (owner, release)
+
+    async def _own(self, ready: asyncio.Future[None], release: asyncio.Event) -> None:
+        """Enter every lifespan, wait to be released, leave them: all in this one task."""
+        entered: list[tuple[str, AbstractAsyncContextManager[Any]]] = []
+        try:
+            for name, opener, _ in self._registered:
+                try:
+                    manager = opener(self._harness)
+                    await manager.__aenter__()
+                except Exception as error:
+                    self._harness.log.error("lifespan %r raised on enter", name, exc_info=error)
+                    failed = LifespanFailed(
+                        f"lifespan {name!r} raised on enter ({describe_error(error)}): the"
+                        " workers did not start and no task was claimed")
+                    failed.__cause__ = error
+                    if not ready.done():
+                        ready.set_exception(failed)
+                    return
+                entered.append((name, manager))
+            if not ready.done():
+                ready.set_result(None)
+            await release.wait()
+        finally:
+            await self._leave_all(entered)
+
+    async def _leave_all(self, entered: list[tuple[str, AbstractAsyncContextManager[Any]]]) -> None:
+        """Leave *entered* in reverse, each whatever the others did; then raise
+        LifespanFailed naming every one that raised."""
+        failures: list[tuple[str, Exception]] = []
+        for name, manager in reversed(entered):
+            try:
+                await manager.__aexit__(None, None, None)
+            except Exception as error:
+                self._harness.log.error("lifespan %r raised on exit", name, exc_info=error)
+                failures.append((name, error))
+        if failures:
+            said = "; ".join(f"lifespan {name!r} raised on exit ({describe_error(error)})"
+                             for name, error in failures)
+            raise LifespanFailed(f"{said}, after the workers had stopped") from failures[0][1]
+
+
+def _lifespan_opener(fn: object) -> tuple[LifespanOpener, str]:
+    """What ``@harness.lifespan`` takes, checked when it is registered: an async generator
+    function of the harness (or one made into a context manager already); its name."""
+    target = inspect.unwrap(fn) if callable(fn) else fn
+    name = _lifespan_name(target)
+    shape = ("@harness.lifespan takes an async generator function of the harness that yields"
+             " once (async def life(h): <start>; yield; <stop>)")
+    if not callable(fn):
+        what = "an async context manager" if hasattr(fn, "__aenter__") else "not a function"
+        hint = ("; enter it from one: @h.lifespan async def life(h): async with it: yield"
+                if hasattr(fn, "__aenter__") else "")
+        raise ConfigurationError(f"{shape}; got {_given(fn)}, {what}{hint}")
+    if not inspect.isasyncgenfunction(target):
+        what = ("a coroutine function (async def without a yield): add the yield between"
+                " starting and stopping" if inspect.iscoroutinefunction(target) else
+                "a generator function: make it async def" if inspect.isgeneratorfunction(target)
+                else "neither an async generator function nor one wrapped by"
+                " contextlib.asynccontextmanager")
+        raise ConfigurationError(f"{shape}; got {name!r}, {what}")
+    signature = inspect.signature(fn)
+    try:
+        signature.bind(object())
+    except TypeError:
+        takes = signature.replace(return_annotation=inspect.Signature.empty)
+        raise ConfigurationError(f"{shape}; {name!r} takes {takes}: it must take one argument,"
+                                 " the harness") from None
+    if inspect.isasyncgenfunction(fn):
+        return asynccontextmanager(fn), name
+    return fn, name  # made by asynccontextmanager (or alike): it returns the context manager
+
+
+def _lifespan_name(fn: object) -> str:
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None)
+    if not isinstance(qualname, str):
+        return _given(fn)
+    qualname = qualname.replace(".<locals>", "")
+    return f"{module}.{qualname}" if module else qualname
+
+
+def _given(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
 async def ensure_task(store: Store, task_id: str) -> None:
     """Fail early, naming the task, when an operation targets a task that does not exist."""
     try:
         await store.get_task(task_id)
     except TaskNotFound:
         raise TaskNotFound(f"no task {task_id!r}; check the id with `tether ls`") from None
+
+
+FINAL = frozenset({Status.COMPLETED, Status.CANCELLED})
+"""Statuses in which no call can be open any more (a failed task's may be, in doubt)."""
 
 
 def _who(by: str | None) -> str:

@@ -65,6 +65,43 @@ def _v7_to_v8(raw: Raw) -> Raw:
     return raw
 
 
+def _v8_to_v9(raw: Raw) -> Raw:
+    """Format 9 keeps with each call what its tool declared (side effect, idempotent, a
+    reconcile hook); a call opened before that has no record of it."""
+    calls = [raw.get("call")]
+    for frame in raw.get("stack") or ():
+        for entry in (frame.get("agenda") or ()) if isinstance(frame, dict) else ():
+            calls.append(entry.get("open_call") if isinstance(entry, dict) else None)
+    for call in calls:
+        if isinstance(call, dict):
+            call.setdefault("declared", None)
+    return raw
+
+
+ACTION_KINDS = frozenset({"tool_call", "spawn", "wait", "reply", "finish", "fail"})
+
+
+def _v9_to_v10(raw: Raw) -> Raw:
+    """Format 10: the rest of an answer is the engine's, on the frame's agenda. The model
+    agents of format 9 kept it in their scratch (``queued``: the actions as written for the
+    agenda, in order, after the agenda's own), and planned from it; it moves to the agenda,
+    so a newer message can set it aside."""
+    for frame in raw.get("stack") or ():
+        scratch = frame.get("scratch") if isinstance(frame, dict) else None
+        if not isinstance(scratch, dict):
+            continue
+        queued = scratch.get("queued")
+        if not (isinstance(queued, list) and all(
+                isinstance(a, dict) and a.get("kind") in ACTION_KINDS for a in queued)):
+            continue  # not an answer's rest: some agent's own use of the name stays
+        agenda = frame.setdefault("agenda", [])
+        planned_by = next((e.get("planned_by") for e in agenda if isinstance(e, dict)), None)
+        agenda.extend({"action": action, "planned_by": planned_by, "open_call": None}
+                      for action in queued)
+        del scratch["queued"]
+    return raw
+
+
 def _agenda_entry(flat: Any) -> Any:
     if not isinstance(flat, dict):
         return flat  # damage: the shape check names it
@@ -75,7 +112,7 @@ def _agenda_entry(flat: Any) -> Any:
 
 MIGRATIONS: dict[int, Callable[[Raw], Raw]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4,
                                                4: _v4_to_v5, 5: _v5_to_v6, 6: _v6_to_v7,
-                                               7: _v7_to_v8}
+                                               7: _v7_to_v8, 8: _v8_to_v9, 9: _v9_to_v10}
 """Format N -> N+1."""
 
 

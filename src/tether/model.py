@@ -26,7 +26,7 @@ import orjson
 from tether.errors import CorruptSnapshot, IllegalTransition, InvalidInput, SnapshotTooNew
 from tether.migrations import upgrade
 
-SNAPSHOT_FORMAT = 8
+SNAPSHOT_FORMAT = 10
 """Bumped whenever the head's layout changes; stored in every snapshot. Older heads are
 upgraded on load by :mod:`tether.migrations`."""
 
@@ -124,13 +124,16 @@ def to_plain(value: Any, limit: int | None = None, what: str = "value") -> Any:
     Dataclasses and pydantic-style objects (``model_dump``) are converted;
     anything else that orjson cannot encode is refused, because a snapshot
     holding a live SDK object would not load again after a restart. With
-    *limit*, data larger than that many bytes of JSON is refused too.
+    *limit* (a value from outside: an input, a payload, a result), data larger than
+    that many bytes of JSON, or nested deeper than :data:`MAX_DEPTH`, is refused too.
     """
     if hasattr(value, "model_dump") and callable(value.model_dump):
         value = value.model_dump(mode="json")
     try:
         encoded = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
     except TypeError as exc:
+        if _depth(value) > MAX_DEPTH:  # orjson's own bound, 254 levels
+            raise InvalidInput(_too_deep(what)) from None
         raise InvalidInput(f"{what} is not JSON-serialisable ({exc}): {value!r:.200}") from exc
     if b"null" in encoded and _has_non_finite(value):  # orjson writes NaN and inf as null
         raise InvalidInput(f"{what} holds NaN or an infinity, which JSON cannot carry; send a"
@@ -139,7 +142,41 @@ def to_plain(value: Any, limit: int | None = None, what: str = "value") -> Any:
         raise InvalidInput(f"{what} is {len(encoded):,} bytes of JSON, over the limit of"
                            f" {limit:,} (Settings.max_payload_bytes); store large data elsewhere"
                            " and pass a reference")
+    if limit is not None and encoded.count(b"{") + encoded.count(b"[") > MAX_DEPTH \
+            and _depth(value) > MAX_DEPTH:
+        raise InvalidInput(_too_deep(what))
     return orjson.loads(encoded)
+
+
+def _too_deep(what: str) -> str:
+    return (f"{what} is nested more than {MAX_DEPTH} levels deep, which tether cannot store;"
+            " flatten it")
+
+
+MAX_DEPTH = 100
+"""How deeply nested a value from outside may be (a task input, an event payload, a tool
+result, a person's answer). The store writes JSON at most 254 levels deep (orjson's bound);
+a value sits about ten levels down in a snapshot head, and escaping what looks like
+internal markup may wrap it once more per level, so 100 keeps everything accepted
+writable. Checked only when the JSON has that many brackets at all (a C-speed count)."""
+
+
+def _depth(value: Any) -> int:
+    """How many levels of objects and arrays *value* nests (iteratively: no recursion limit)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, level)
+        if deepest > MAX_DEPTH:
+            return deepest
+        stack.extend((child, level + 1) for child in children)
+    return deepest
 
 
 def _has_non_finite(value: Any) -> bool:
@@ -150,6 +187,14 @@ def _has_non_finite(value: Any) -> bool:
     if isinstance(value, list | tuple):
         return any(_has_non_finite(item) for item in value)
     return False
+
+
+def storable_text(text: str | None) -> str | None:
+    """*text* as a text column can hold it: PostgreSQL refuses a NUL in text, and a tool's
+    error message or an agent's reason may carry one (it is written as ``\\0``)."""
+    if text is None or "\x00" not in text:
+        return text
+    return text.replace("\x00", "\\0")
 
 
 def new_id() -> str:
@@ -335,6 +380,31 @@ class CallState:
     attempt: int = 0
     retry_at: float | None = None
     error: str | None = None
+    declared: Declaration | None = None
+    """What the call's tool declared when the call was opened; None for a call opened before
+    tether recorded it (then only a process that has the tool can judge it)."""
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """What a tool declared about itself, kept with each call at its resume point.
+
+    Whether a call in doubt may simply run again (idempotent), can be checked outside
+    (a reconcile hook), or needs a person is a property of the code that made the call.
+    Recorded with the call, it lets any process (one without the app's code, or with
+    another app's tool of the same name) answer a person truthfully, and it keeps a
+    process whose tool of that name declares otherwise from judging the call.
+    """
+
+    side_effect: bool
+    idempotent: bool
+    reconciles: bool
+    """The tool had a reconcile hook."""
+
+    def settles_itself(self) -> bool:
+        """A call in doubt of this tool is settled without a person: run again (idempotent)
+        or checked by its hook."""
+        return self.idempotent or self.reconciles
 
 
 @dataclass
@@ -452,6 +522,12 @@ class Snapshot:
     @property
     def frame(self) -> Frame:
         return self.stack[-1]
+
+    def open_calls(self) -> list[CallState]:
+        """Every call open in the task: the current one and any put aside in an agenda."""
+        found = [entry.open_call for frame in self.stack for entry in frame.agenda
+                 if entry.open_call is not None]
+        return [self.call, *found] if self.call is not None else found
 
     def dumps(self) -> bytes:
         return orjson.dumps(self, option=orjson.OPT_NON_STR_KEYS)
@@ -572,10 +648,12 @@ def _call_from_dict(raw: dict[str, Any] | None) -> CallState | None:
     if not raw:
         return None
     raw["status"] = CallStatus(raw["status"])
+    if raw.get("declared") is not None:
+        raw["declared"] = Declaration(**raw["declared"])
     return CallState(**raw)
 
 
-_SHAPED = (Snapshot, Frame, AgendaEntry, CallState, RecoveryState, Resource)
+_SHAPED = (Snapshot, Frame, AgendaEntry, CallState, Declaration, RecoveryState, Resource)
 _FIELDS: dict[type[Any], set[str]] = {
     cls: {f.name for f in dataclasses.fields(cls)} for cls in _SHAPED}
 _HINTS: dict[type[Any], dict[str, Any]] = {cls: typing.get_type_hints(cls) for cls in _SHAPED}
@@ -600,6 +678,20 @@ class TaskRecord:
     wake_at: float | None = None
     """When the task is due for a look though no event arrives: a wait's timeout, a deadline,
     a scheduled start, the end of a back-off (E6)."""
+
+    def holder(self) -> str | None:
+        """The worker holding the task under a lease that has not run out, if any."""
+        if self.lease_owner is None or self.lease_until is None \
+                or self.lease_until <= time.time():
+            return None
+        return self.lease_owner
+
+    def runner(self) -> str | None:
+        """The worker running the task's call now, if any: it holds the lease and the task is
+        running. A parked task (needs_human, paused) can be leased for a moment too, by the
+        worker leaving it or one claiming it to apply a lever; its call is not running then,
+        and an outcome left unknown is still in doubt."""
+        return self.holder() if self.status is Status.RUNNING else None
 
 
 @dataclass(frozen=True)

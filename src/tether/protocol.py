@@ -35,6 +35,10 @@ class Rule:
     priority: Priority
     coalesce: str | None = None
     """Events of one task sharing a class inside the window collapse to the newest (R6, E2)."""
+    supersedes: bool = False
+    """A newer message: the calls of an answer not started yet when it arrives are not run
+    (each is answered "not run") and the agent plans again with it
+    (:mod:`tether.engine.answers`)."""
 
 
 CONTROL_EVENTS = frozenset({"cancel", "resume", "rollback", "decide"})
@@ -53,10 +57,11 @@ DEFAULT_RULES: Mapping[str, Rule] = {
     "resume": Rule(Priority.P0),  # carries a person's message: never coalesced (E2)
     "rollback": Rule(Priority.P0),
     "decide": Rule(Priority.P0),  # a person's word on a call in doubt: never coalesced
-    "user_message": Rule(Priority.P1),
-    "follow_up": Rule(Priority.P1),
-    "amend": Rule(Priority.P1),
+    "user_message": Rule(Priority.P1, supersedes=True),
+    "follow_up": Rule(Priority.P1, supersedes=True),
+    "amend": Rule(Priority.P1, supersedes=True),
     "approval": Rule(Priority.P1),
+    "tool_result": Rule(Priority.P1),  # the result of a call a tool deferred (run elsewhere)
     "webhook": Rule(Priority.P1),
     "upstream_ready": Rule(Priority.P1),
     "subtask_done": Rule(Priority.P1),
@@ -89,13 +94,19 @@ class InterruptionProtocol:
         known = self._rules.get(event_type)
         if priority is not None:
             explicit = _as_priority(event_type, priority)
-            return Rule(explicit, known.coalesce if known else None)
+            return Rule(explicit, known.coalesce if known else None,
+                        known.supersedes if known else False)
         if known is None:
             raise UnknownEventType(
                 f"event type {event_type!r} is not in the interruption protocol; "
                 f"pass priority= or add it to the protocol (known: {', '.join(sorted(self._rules))})"
             )
         return known
+
+    def supersedes(self, event_type: str) -> bool:
+        """Whether an event of this type sets aside the rest of the answer being carried out."""
+        known = self._rules.get(event_type)
+        return known is not None and known.supersedes
 
     def table(self) -> dict[str, Rule]:
         """A copy of the whole table, for docs and the CLI."""
@@ -112,7 +123,9 @@ def _as_priority(event_type: str, value: Priority | int) -> Priority:
 
 
 def _as_rule(event_type: str, rule: Rule | Priority | int, default: Rule | None) -> Rule:
-    """A full Rule replaces the default; a bare priority keeps the default's coalescing class."""
+    """A full Rule replaces the default; a bare priority keeps the default's coalescing class
+    and whether it supersedes an answer."""
     if isinstance(rule, Rule):
-        return Rule(_as_priority(event_type, rule.priority), rule.coalesce)
-    return Rule(_as_priority(event_type, rule), default.coalesce if default else None)
+        return Rule(_as_priority(event_type, rule.priority), rule.coalesce, rule.supersedes)
+    return Rule(_as_priority(event_type, rule), default.coalesce if default else None,
+                default.supersedes if default else False)

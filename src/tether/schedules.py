@@ -32,11 +32,18 @@ def _croniter() -> Any:
     return croniter
 
 
-def check(name: str, cron: str, timezone: str, catch_up: int) -> None:
-    """Refuse, naming the problem, a definition that cannot be run."""
+def check_name(name: object) -> str:
+    """*name* if it can name a schedule; InvalidInput naming the alphabet otherwise (a NUL or
+    a line break never reaches the store or a terminal)."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise InvalidInput(f"schedule name {str(name)[:90]!r}: use 1-80 letters, digits and"
                            " . _ - (starting with a letter or digit)")
+    return name
+
+
+def check(name: str, cron: str, timezone: str, catch_up: int) -> None:
+    """Refuse, naming the problem, a definition that cannot be run."""
+    check_name(name)
     if not isinstance(cron, str) or not _croniter().is_valid(cron):
         raise InvalidInput(f"schedule {name}: {str(cron)[:100]!r} is not a cron expression"
                            " (five fields: minute hour day month weekday, e.g. '0 9 * * 1-5')")

@@ -39,10 +39,12 @@ class Settings:
     max_completions: int = 1_000
     """Model completions a task may pay for before it goes to a person naming this limit (a
     model that loops costs money on every turn); a person's resume grants the same again."""
-    max_identical_side_effects: int = 3
-    """How often one side-effecting call (same tool, same arguments) may run in a task; the
-    next identical one goes to a person instead of running. A model that asks for the same
-    refund each turn gets each under a new key, so idempotency alone does not stop it."""
+    max_identical_side_effects: int = 1
+    """How often one side-effecting call (same tool, same arguments, a framework's call ids
+    aside) may succeed in a task; the next identical one is held for a person before it runs
+    (1: the second is held). A model that asks for the same refund again gets it under a new
+    key, so idempotency alone does not stop it. A tool registered ``repeatable=True`` is never
+    held for it; only calls that succeeded count."""
     coalesce_window: float = 1.5
     keep_versions: int = 10
     lease_seconds: float = 15.0

@@ -45,6 +45,8 @@ class Strategy(enum.StrEnum):
     # Events and time (R3, R5, E6).
     PAUSE = "pause"
     REPLAN = "replan"
+    ANSWER_SET_ASIDE = "answer_set_aside"
+    """A newer message arrived before the rest of an answer ran: its calls were not run."""
     REPLAN_REFUSED = "replan_refused"
     WAIT_VALIDATED = "wait_validated"
     WAIT_TIMEOUT = "wait_timeout"
@@ -55,7 +57,6 @@ class Strategy(enum.StrEnum):
     RECOVER_RESUME = "recover_resume"
     # A person's levers (R14, R26).
     HUMAN_RESUME = "human_resume"
-    HUMAN_RERUN = "human_rerun"
     HUMAN_DECISION = "human_decision"
     AMEND = "amend"
     RESUME_IGNORED = "resume_ignored"

@@ -17,9 +17,11 @@ What makes it safe:
   a consumer that died are taken over with ``XAUTOCLAIM`` after ``claim_idle`` seconds
   (and so are this consumer's own entries refused for now: a full inbox, the store down).
   Delivering one twice is harmless: the second emit is a duplicate.
-- An entry that can never become an event (not JSON, no task, an unknown type) is copied
-  to the dead-letter stream ``<stream>:dead`` with the reason, then acknowledged: never
-  silently dropped, never retried forever.
+- An entry that can never become an event (not JSON, no task, an unknown type, a
+  ``source_event_id`` that is not printable: a NUL, a line break) is copied to the
+  dead-letter stream ``<stream>:dead`` with the reason, then acknowledged: never silently
+  dropped, never retried forever (a NUL would otherwise reach PostgreSQL, whose refusal
+  looks like a store error: the entry would be retried for ever).
 """
 
 from __future__ import annotations

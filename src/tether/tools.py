@@ -5,29 +5,48 @@ says the outside world may have changed: such a call is never repeated
 blindly; after a crash its ``reconcile`` hook is asked what happened, and
 without one the task goes to a person. ``idempotent=True`` (the default for
 tools without side effects) says running it again with the same key is safe.
+
+A tool is an ``async def`` or a plain ``def``. A plain one runs in a thread of its own,
+under the same key, timeout and retry rules; a thread cannot be cancelled, so such a tool
+is never interruptible, and one that runs past its timeout may still be running (see
+:meth:`Tool.run`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import contextvars
+import functools
 import hashlib
 import inspect
+import logging
 import random
 import re
+import threading
 import traceback
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
-from tether.errors import ConfigurationError, NotRetryable, ToolTimeout
+from tether.errors import ConfigurationError, NotRetryable, OutcomeUnknown, ToolTimeout
 from tether.model import Cleanup, Resource
 
-ToolFn = Callable[..., Awaitable[Any]]
+ToolFn = Callable[..., Any]
+"""A tool's function, ``fn(ctx, **args)``: an ``async def``, or a plain ``def`` that tether
+runs in a thread."""
 ReconcileFn = Callable[..., Awaitable[Any]]
+HookFn = TypeVar("HookFn", bound=Callable[..., Any])
+
+log = logging.getLogger("tether.tools")
+
+ABANDONED_KEPT = 1024
+"""Threads of side-effecting sync calls whose attempt ended before they did (a timeout, a
+cut-off), kept per tool by key so the next attempt of that key takes their outcome instead
+of running the tool a second time; the oldest are forgotten beyond this many."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +112,13 @@ class ToolContext:
 
 
 class Tool:
-    """A registered tool. Calling it directly calls the underlying function."""
+    """A registered tool. Calling it directly calls the underlying function.
+
+    *fn* is an ``async def`` or a plain ``def``; a plain one runs in a thread (see
+    :meth:`run`). *repeatable* says a side-effecting call may be made again with the same
+    arguments in one task (a status ping, a message that may go twice): without it, a call
+    identical to one that already succeeded is held for a person (``max_identical_side_effects``).
+    """
 
     def __init__(
         self,
@@ -107,9 +132,11 @@ class Tool:
         interruptible: bool,
         version: str = "1",
         limits: Sequence[str] = (),
+        repeatable: bool = False,
     ) -> None:
-        if not inspect.iscoroutinefunction(fn):
-            raise ConfigurationError(f"tool {name!r} must be an async function")
+        if not callable(fn):
+            raise ConfigurationError(f"tool {name!r} must be a function (`async def` or `def`),"
+                                     f" not {type(fn).__name__}")
         if side_effect and idempotent:
             raise ConfigurationError(
                 f"tool {name!r}: choose side_effect=True or idempotent=True, not both; a side"
@@ -119,6 +146,13 @@ class Tool:
             raise ConfigurationError(
                 f"tool {name!r}: a side-effecting tool cannot be interruptible: a P0 event"
                 " waits for it to return so its outcome is recorded"
+            )
+        if interruptible and not is_async(fn):
+            raise ConfigurationError(
+                f"tool {name!r} is a plain function (`def`), which tether runs in a thread of"
+                " its own, and a thread cannot be cancelled: a sync tool cannot be"
+                " interruptible (a P0 event lands when it returns). Make it `async def` to"
+                " have a P0 event cut it off, or drop interruptible=True"
             )
         if timeout is not None and timeout <= 0:
             raise ConfigurationError(f"tool {name!r}: timeout must be positive")
@@ -131,29 +165,62 @@ class Tool:
         self.timeout = timeout
         self.retry = retry
         self.interruptible = interruptible
+        self.repeatable = repeatable
+        """An identical side-effecting call (same arguments) may run again in one task."""
         self.limits = tuple(limits)
         """Named limits (``Harness.limit``) each call is admitted under, held while it runs."""
         self.reconcile_fn: ReconcileFn | None = None
+        self._abandoned: dict[str, concurrent.futures.Future[Any]] = {}
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
-    def reconcile(self, fn: ReconcileFn) -> ReconcileFn:
+    @property
+    def fn(self) -> ToolFn:
+        return self._fn
+
+    @fn.setter
+    def fn(self, fn: ToolFn) -> None:
+        self._fn = fn
+        self.sync = not is_async(fn)
+        """A plain ``def``: each call runs in a thread of its own."""
+
+    def reconcile(self, fn: HookFn) -> HookFn:
         """Register the hook asked after a crash left this call's outcome unknown.
 
         It gets the same arguments as the tool and returns the call's result if
-        the effect happened, or ``None`` if it never did (then the call runs).
+        the effect happened, or ``None`` if it never did (then the call runs). It is
+        checked here, not at crash time: a function that can be called as
+        ``hook(ctx, **args)`` for every call of the tool (see :func:`check_hook`). An
+        ``async def`` is awaited; a plain ``def`` runs in a thread, like a sync tool.
         """
-        if not inspect.iscoroutinefunction(fn):
-            raise ConfigurationError(f"reconcile hook of tool {self.name!r} must be async")
-        self.reconcile_fn = fn
+        required, optional, any_keyword = keyword_arguments(self.fn)
+        arguments = _arguments_text(self.fn)
+        check_hook(fn, self.name, f"`async def hook{arguments}` (or a plain `def hook{arguments}`,"
+                   " run in a thread)", required, optional, any_keyword=any_keyword, sync_ok=True)
+        self.reconcile_fn = fn if is_async(fn) else in_thread(fn, f"reconcile hook of {self.name}")
         return fn
 
     async def __call__(self, ctx: ToolContext, **kwargs: Any) -> Any:
+        if self.sync:
+            return await asyncio.wrap_future(_start_thread(self.fn, (ctx,), kwargs, self.name))
         return await self.fn(ctx, **kwargs)
 
     async def run(self, ctx: ToolContext, args: dict[str, Any]) -> Any:
-        """One attempt, within the tool's timeout (ToolTimeout when it runs out)."""
+        """One attempt, within the tool's timeout (ToolTimeout when it runs out).
+
+        A sync tool runs in a thread of its own (a daemon thread, so one that never returns
+        cannot keep the process from exiting), with the caller's context variables. The
+        timeout ends the attempt, not the thread: past it the call is reported exactly as an
+        async tool's (``ToolTimeout``; for a side effect, outcome unknown: its reconcile hook
+        or a person), while the thread may still be running. So that a later attempt of the
+        same side-effecting call (its hook or a person said it never happened) cannot run it
+        a second time beside it, that attempt takes the earlier thread's outcome: it waits
+        for the thread still running, or uses the result it returned since. Only an error
+        raised by that thread lets the tool run again.
+        """
         try:
+            if self.sync:
+                return await self._run_in_thread(ctx, args)
             if self.timeout is None:  # most tools: no timer to arm on every call
                 return await self.fn(ctx, **args)
             async with asyncio.timeout(self.timeout):
@@ -161,9 +228,190 @@ class Tool:
         except TimeoutError:
             raise ToolTimeout(f"tool {self.name} timed out after {self.timeout}s") from None
 
+    async def _run_in_thread(self, ctx: ToolContext, args: dict[str, Any]) -> Any:
+        key = ctx.idempotency_key
+        work = self._abandoned.pop(key, None)
+        if work is not None and work.done() and work.exception() is not None:
+            work = None  # the earlier attempt failed, and knows it: this one may run
+        if work is None:
+            work = _start_thread(self.fn, (ctx,), args, f"{self.name} {key}")
+        else:
+            log.warning("tool %s key %s: an earlier attempt's thread ran past the attempt's end;"
+                        " this attempt takes its outcome instead of running the tool again",
+                        self.name, key)
+        try:
+            if self.timeout is None:
+                return await asyncio.wrap_future(work)
+            async with asyncio.timeout(self.timeout):
+                return await asyncio.wrap_future(work)
+        except (TimeoutError, asyncio.CancelledError):
+            if not self.idempotent:  # it may still change the world: the next attempt waits
+                self._abandoned[key] = work
+                while len(self._abandoned) > ABANDONED_KEPT:
+                    del self._abandoned[next(iter(self._abandoned))]
+            if not work.done():
+                log.warning("tool %s key %s: the attempt ended (%s) while its thread still runs;"
+                            " a thread cannot be stopped", self.name, key,
+                            f"timeout {self.timeout}s" if self.timeout else "cut off")
+            raise
+
     def __repr__(self) -> str:
         kind = "side_effect" if self.side_effect else "idempotent"
-        return f"<Tool {self.name} {kind}>"
+        return f"<Tool {self.name} {kind}{' sync' if self.sync else ''}>"
+
+
+def is_async(fn: Any) -> bool:
+    """Whether calling *fn* gives a coroutine to await: an ``async def`` (or a partial of one),
+    or an object whose ``__call__`` is one. Anything else is called in a thread."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None))  # noqa: B004 (an object with an async __call__)
+
+
+def in_thread(fn: Callable[..., Any], label: str) -> Callable[..., Awaitable[Any]]:
+    """*fn* as an async function: each call runs it in a thread of its own (see
+    :func:`_start_thread`); *label* names it in the thread's name and in errors."""
+
+    @functools.wraps(fn)
+    async def threaded(*args: Any, **kwargs: Any) -> Any:
+        return await asyncio.wrap_future(_start_thread(fn, args, kwargs, label))
+
+    return threaded
+
+
+def _start_thread(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any],
+                  label: str) -> concurrent.futures.Future[Any]:
+    """Run ``fn(*args, **kwargs)`` in a new daemon thread, with a copy of the caller's context
+    variables (the running span, :func:`current_call`); the future has its outcome.
+
+    A thread of its own, not a pool's: a call that never returns holds no slot other calls
+    wait for, and a daemon thread does not keep the process from exiting (a pool's threads
+    are joined at exit). The future is running from the start, so cancelling a wait on it
+    (a timeout) never cancels it: it always gets the thread's outcome."""
+    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    future.set_running_or_notify_cancel()
+    context = contextvars.copy_context()
+
+    def work() -> None:
+        try:
+            result = context.run(fn, *args, **kwargs)
+            if inspect.isawaitable(result):
+                close = getattr(result, "close", None)
+                if callable(close):
+                    close()  # never awaited: nothing of it ran
+                raise NotRetryable(f"{label}: a plain function returned"
+                                   f" {type(result).__name__}, something to await, which a"
+                                   " thread cannot; declare it `async def` so tether awaits it")
+        except Exception as error:
+            future.set_exception(error)
+        except BaseException as error:  # SystemExit, KeyboardInterrupt: stopped part-way
+            future.set_exception(OutcomeUnknown(f"{label} was stopped in its thread by"
+                                                f" {type(error).__name__}"))
+        else:
+            future.set_result(result)
+
+    threading.Thread(target=work, name=f"tether: {label}", daemon=True).start()
+    return future
+
+
+# ---------------------------------------------------------------------- checking hooks
+
+_KEYWORDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def keyword_arguments(fn: Callable[..., Any]) -> tuple[list[str], list[str], bool]:
+    """What a call of *fn* as ``fn(ctx, **args)`` may pass: the arguments every call has
+    (no default), the ones it may have, and whether any other keyword may come
+    (``**kwargs``). The first parameter is the context."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())[1:]
+    except (TypeError, ValueError):  # no signature to read (a builtin): anything may come
+        return [], [], True
+    required = [p.name for p in params if p.kind in _KEYWORDS and p.default is p.empty]
+    optional = [p.name for p in params if p.kind in _KEYWORDS and p.default is not p.empty]
+    return required, optional, any(p.kind is p.VAR_KEYWORD for p in params)
+
+
+def hook_misfit(hook: Callable[..., Any], required: Sequence[str], optional: Sequence[str] = (),
+                *, any_keyword: bool = False) -> str | None:
+    """Why *hook* cannot be called as ``hook(ctx, **args)`` for every call that passes all of
+    *required*, any of *optional* (and, with *any_keyword*, any other keyword); None when it
+    can. Two trial bindings decide it: with every argument, and with the required ones only
+    (a call in between binds whenever both do)."""
+    try:
+        signature = inspect.signature(hook)
+    except (TypeError, ValueError):  # nothing to read: it cannot be judged before it runs
+        return None
+    params = list(signature.parameters.values())
+    if not params or params[0].kind not in (inspect.Parameter.POSITIONAL_ONLY,
+                                            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                            inspect.Parameter.VAR_POSITIONAL):
+        return "it takes no context as its first, positional argument"
+    if any_keyword and not any(p.kind is p.VAR_KEYWORD for p in params):
+        return "the tool takes any keyword (**kwargs), so the hook must take **kwargs too"
+    every = [*required, *optional]
+    for names, which in ((every, "every argument the tool takes"),
+                         (required, "only the arguments every call has")):
+        try:
+            signature.bind(object(), **dict.fromkeys(names))
+        except TypeError as error:
+            listed = f" ({', '.join(names)})" if names else " (none)"
+            return f"called with {which}{listed}, it fails: {error}"
+    return None
+
+
+def check_hook(hook: Any, tool: str, expected: str, required: Sequence[str],
+               optional: Sequence[str] = (), *, any_keyword: bool = False,
+               role: str = "reconcile hook", sync_ok: bool = False) -> None:
+    """Refuse, when it is registered, a hook that tether could not call the way it will:
+    ``hook(ctx, **args)``, awaited, for every call of *tool*. The error names the tool, the
+    signature tether expects (*expected*, as written in the message) and the one given (a
+    sync function is named as such: tether's hooks are awaited). With *sync_ok* a plain
+    function is accepted too (the caller runs it in a thread, :func:`in_thread`); its
+    arguments are checked the same way."""
+    name = hook_name(hook)
+    if not callable(hook):
+        raise ConfigurationError(f"{role} of tool {tool!r} must be"
+                                 f" {'a function' if sync_ok else 'an async function'}"
+                                 f" ({expected}); {type(hook).__name__} {hook!r:.60} was given")
+    if not sync_ok and not inspect.iscoroutinefunction(hook):
+        raise ConfigurationError(f"{role} {name} of tool {tool!r} must be an async function"
+                                 f" ({expected}); a sync function was given:"
+                                 f" `{signature_text(hook)}`; tether awaits its hooks, so make"
+                                 " it `async def`")
+    why = hook_misfit(hook, required, optional, any_keyword=any_keyword)
+    if why is not None:
+        raise ConfigurationError(f"{role} {name} of tool {tool!r} cannot be called the way"
+                                 f" tether calls it ({why}): tether expects {expected}; it was"
+                                 f" given `{signature_text(hook)}`")
+
+
+def signature_text(fn: Callable[..., Any]) -> str:
+    """``async def name(params)``, as *fn* was written (for messages about hooks)."""
+    kind = "async def" if inspect.iscoroutinefunction(fn) else "def"
+    return f"{kind} {getattr(fn, '__name__', type(fn).__name__)}{_arguments_text(fn)}"
+
+
+class _AsWritten(str):
+    """An annotation kept as text (``from __future__ import annotations``), shown unquoted."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _arguments_text(fn: Callable[..., Any]) -> str:
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return "(...)"
+    params = [p.replace(annotation=_AsWritten(p.annotation)) if isinstance(p.annotation, str)
+              else p for p in signature.parameters.values()]
+    return str(signature.replace(parameters=params, return_annotation=inspect.Signature.empty))
+
+
+def hook_name(hook: Any) -> str:
+    """A hook's name as messages quote it (``Class.method``; a nested function by its name)."""
+    name = getattr(hook, "__qualname__", None) or getattr(hook, "__name__", None)
+    return repr(str(name or type(hook).__name__).rpartition("<locals>.")[2])
 
 
 @dataclass(frozen=True)
@@ -182,12 +430,16 @@ class ToolPolicy:
     reconcile: ReconcileFn | None = None
     """Asked after a crash left a side-effecting call's outcome unknown (see Tool.reconcile)."""
     version: str = "1"
+    repeatable: bool = False
+    """The same side-effecting call (same arguments) may be made again in one task without a
+    person (see :class:`Tool`)."""
 
     def tool(self, fn: ToolFn, name: str) -> Tool:
         """A tether tool calling *fn* under this policy."""
         tool = Tool(fn, name=name, side_effect=self.side_effect and not self.idempotent,
                     idempotent=self.idempotent, timeout=self.timeout,
-                    retry=self.retry or RetryPolicy(), interruptible=False, version=self.version)
+                    retry=self.retry or RetryPolicy(), interruptible=False, version=self.version,
+                    repeatable=self.repeatable)
         if self.reconcile is not None:
             tool.reconcile(self.reconcile)
         return tool

@@ -35,11 +35,12 @@ from agents.usage import Usage
 from openai import AsyncOpenAI
 
 import tether as tt
+from tether import dialog
 from tether.errors import ConfigurationError
 from tether.integrations.openai_agents import (
-    CUT,
     KEY,
     NOT_MADE,
+    Items,
     OpenAIAgentsAgent,
     current_call,
     items_of,
@@ -376,7 +377,7 @@ async def test_e1_a_p0_cuts_a_streamed_answer_and_keeps_the_partial_text(
     await h.run_until_idle(timeout=10)
     assert (await h.get(tid)).snapshot.result == "Stopped, as you asked."
     second = fake.requests[1]["messages"]
-    assert second[-3:] == [{"role": "assistant", "content": partial + CUT},
+    assert second[-3:] == [{"role": "assistant", "content": partial + dialog.CUT_OFF},
                            {"role": "user", "content": "[user_interrupt] stop"},
                            {"role": "user", "content": "[resume] go on"}]
     await h.close()
@@ -410,3 +411,147 @@ def test_r17_what_tether_does_not_map_yet_is_refused_clearly() -> None:
 def test_r17_current_call_is_only_known_inside_a_tool() -> None:
     with pytest.raises(ConfigurationError, match="inside a tool"):
         current_call()
+
+
+# ---------------------------------------------------------------------- reconcile hooks (issue 26)
+
+
+class Ledger:
+    """A payment provider outside tether: it pays each refund, and can be asked afterwards
+    whether the refund under a key was paid."""
+
+    def __init__(self) -> None:
+        self.paid: list[str] = []
+
+
+def answer_lost_refund(ledger: Ledger) -> Any:
+    """A refund that is paid and then loses its answer (``tt.OutcomeUnknown``, passed on to
+    tether by ``failure_error_function=None``): the call is in doubt, its hook is asked."""
+    @function_tool(failure_error_function=None)
+    async def refund(order: str, amount: int) -> str:
+        """Refund an order."""
+        call = current_call()
+        ledger.paid.append(call.idempotency_key)
+        if call.attempt == 1:
+            raise tt.OutcomeUnknown("the provider took the refund; its answer was lost")
+        return f"refunded {amount} on {order}"
+
+    return refund
+
+
+def sdk_hooks(ledger: Ledger) -> dict[str, Any]:
+    """Reconcile hooks that find the refund in the ledger, in each shape tether accepts."""
+    async def by_arguments(ctx: tt.ToolContext, order: str, amount: int) -> Any:
+        return "refunded (found)" if ctx.idempotency_key in ledger.paid else None
+
+    async def by_call(ctx: tt.ToolContext, call_id: str, arguments: str) -> Any:
+        assert json.loads(arguments) == {"order": "A1", "amount": 5}
+        return "refunded (found)" if ctx.idempotency_key in ledger.paid else None
+
+    async def with_item(ctx: tt.ToolContext, order: str, amount: int) -> Any:
+        return {"type": "function_call_output", "call_id": "r1",
+                "output": "refunded (found)"} if ctx.idempotency_key in ledger.paid else None
+
+    return {"by_arguments": by_arguments, "by_call": by_call, "with_item": with_item}
+
+
+@pytest.mark.parametrize("shape", ["by_arguments", "by_call", "with_item"])
+async def test_r10_r17_a_reconcile_hook_finds_the_refund_and_it_is_paid_once(
+        tmp_path: Path, shape: str) -> None:
+    """R10, R17 (issue 26, defect 7): the refund was paid but its answer lost; the hook finds
+    it and its value is the call's output, once. The hook may take the tool's arguments
+    ``(ctx, order, amount)`` or the model's call ``(ctx, call_id, arguments)``, as the
+    PydanticAI integration's do, and may return the value or the output item itself."""
+    ledger = Ledger()
+    model = ScriptedModel([step(function_call("refund", {"order": "A1", "amount": 5},
+                                              call_id="r1")),
+                           step(assistant_message("Refunded."))])
+    h = harness(tmp_path, Agent(name="support", model=model, tools=[answer_lost_refund(ledger)]),
+                tools={"refund": tt.ToolPolicy(reconcile=sdk_hooks(ledger)[shape])})
+    tid = await h.submit("support", "Refund 5 on A1")
+    await h.run_until_idle(timeout=10)
+    info = await h.get(tid)
+    assert info.record.status is tt.Status.COMPLETED, info.record.reason
+    assert len(ledger.paid) == 1 and len(model.calls) == 2
+    outputs = [item for item in model.calls[-1].input
+               if item.get("type") == "function_call_output"]
+    assert [(o["call_id"], o["output"]) for o in outputs] == [("r1", "refunded (found)")]
+    await h.close()
+
+
+async def test_r10_r26_an_output_for_another_call_goes_to_a_person(tmp_path: Path) -> None:
+    """R10, R26: an output item a hook returns for another call cannot answer this one: it
+    is refused by name (the hook, the value's type), the task goes to a person, and the
+    refund is not paid again."""
+    ledger = Ledger()
+
+    async def finds_it(ctx: tt.ToolContext, order: str, amount: int) -> Any:
+        return {"type": "function_call_output", "call_id": "elsewhere", "output": "refunded"}
+
+    model = ScriptedModel([step(function_call("refund", {"order": "A1", "amount": 5},
+                                              call_id="r1"))])
+    h = harness(tmp_path, Agent(name="support", model=model, tools=[answer_lost_refund(ledger)]),
+                tools={"refund": tt.ToolPolicy(reconcile=finds_it)})
+    tid = await h.submit("support", "Refund 5 on A1")
+    await h.run_until_idle(timeout=10)
+    info = await h.get(tid)
+    assert info.record.status is tt.Status.NEEDS_HUMAN
+    reason = info.record.reason or ""
+    assert "'finds_it'" in reason and "type dict" in reason and "'elsewhere'" in reason
+    assert len(ledger.paid) == 1 and len(model.calls) == 1
+    await h.close()
+
+
+async def _missing_amount(ctx: tt.ToolContext, order: str) -> Any:
+    return None
+
+
+async def _pydantic_ai_call(ctx: tt.ToolContext, tool_call_id: str, args: dict[str, Any]) -> Any:
+    return None
+
+
+def _sync(ctx: tt.ToolContext, order: str, amount: int) -> Any:
+    return None
+
+
+@pytest.mark.parametrize(("hook", "said"), [
+    (_missing_amount, "unexpected keyword argument 'amount'"),
+    (_pydantic_ai_call, "missing a required argument: 'tool_call_id'"),
+    (_sync, "a sync function was given"),
+])
+def test_r10_r17_a_reconcile_hook_with_a_wrong_signature_is_refused_when_the_agent_is_made(
+        hook: Any, said: str) -> None:
+    """R10, R17: a hook tether could not call (an argument of the tool missing, PydanticAI's
+    call shape, a sync function) is refused when the agent is made, naming the tool, the
+    signatures tether calls and the one given; not found at crash time."""
+    agent = Agent(name="support", model=ScriptedModel([]), tools=shop_tools(Shop()))
+    with pytest.raises(ConfigurationError) as refused:
+        OpenAIAgentsAgent(agent, tools={"refund": tt.ToolPolicy(reconcile=hook)})
+    text = str(refused.value)
+    assert "tool 'refund'" in text and said in text
+    assert "async def hook(ctx, order: str, amount: int)" in text  # the tool's arguments
+    assert "async def hook(ctx, call_id: str, arguments: str)" in text  # the call
+    assert f"def {hook.__name__}(ctx" in text  # what was given
+
+
+async def test_r17_the_items_fed_in_two_pieces_are_the_items_of_every_row(tmp_path: Path) -> None:
+    """Issue 27: a running task's items are kept between plans and fed only the rows added
+    since; fed in any two pieces they are what all rows decode to at once, and the adapter
+    keeps them for the task (decoded again only after a load, a rollback or a fork)."""
+    under = ScriptedModel(script(rounds=3))
+    h = harness(tmp_path, Agent(name="support", instructions="Help.", model=under,
+                                tools=shop_tools(Shop())))
+    tid = await h.submit("support", "Refund A0, A1 and A2")
+    await h.run_until_idle(timeout=10)
+    rows = await h.history(tid)
+    opening = [{"role": "user", "content": "Refund A0, A1 and A2"}]
+    whole = items_of(rows, opening, "support.")
+    for cut in range(len(rows) + 1):
+        decoded = Items(opening, "support.", "")
+        decoded.feed(rows[:cut])
+        decoded.feed(rows[cut:])
+        assert decoded.result() == whole, cut
+    adapter = h.agents["support"]
+    assert isinstance(adapter, OpenAIAgentsAgent) and tid in adapter.dialogs
+    assert _json(under.calls[-1].input) == _json(items_of(rows[:-2], opening, "support."))
+    await h.close()

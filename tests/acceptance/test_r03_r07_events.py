@@ -223,9 +223,10 @@ async def test_r03_emit_to_completed_or_missing_task_is_refused(harness):
 
 
 async def test_r4_p1_event_during_plan_is_applied_before_the_planned_tool_runs():
-    """R4 (r4): an amend (P1) arriving while plan() runs (a model call) must be applied, and
-    on_event must see it, before the planned side-effecting tool runs; the action on_event
-    returns (a Reply) runs first, then the recorded call."""
+    """R4 (r4), issue 27: an amend (P1) arriving while plan() runs (a model call) must be
+    applied, and on_event must see it, before the planned side-effecting tool runs; the
+    action on_event returns (a Reply) runs first. The call planned before the amend is not
+    run (it is answered "not run"): the agent plans again and sends to the amended address."""
     h = tt.Harness("memory://", settings=fast_settings())
     order: list[str] = []
     planning = asyncio.Event()
@@ -262,10 +263,12 @@ async def test_r4_p1_event_during_plan_is_applied_before_the_planned_tool_runs()
     await run_alongside(h, user())
 
     assert order[0] == "on_event amend", f"the planned tool ran before the amend was seen: {order}"
-    assert order[1].startswith("tool "), order
+    assert order[1:] == ["tool new@x"], order
     rows = strip_at(await h.history(tid))
     reply_at = next(i for i, r in enumerate(rows) if r.get("content") == "ok, amended")
-    call_at = next(i for i, r in enumerate(rows) if "tool_call" in r)
+    not_run = [r for r in rows if r.get("not_run") and "tool_call" in r]
+    assert [r["tool_call"]["args"] for r in not_run] == [{"to": "old@x"}]
+    call_at = next(i for i, r in enumerate(rows) if "tool_call" in r and not r.get("not_run"))
     assert reply_at < call_at, f"the on_event action did not run first: {rows}"
     assert (await h.get(tid)).record.status is tt.Status.COMPLETED
     await h.close()

@@ -89,3 +89,57 @@ async def test_r03_event_types_and_source_ids_are_bounded(harness: tt.Harness) -
         with pytest.raises(tt.InvalidInput):
             await harness.emit(event)
     assert await harness.store.list_events(tid) == []
+
+
+def nested(levels: int) -> object:
+    value: object = "leaf"
+    for _ in range(levels):
+        value = {"x": value}
+    return value
+
+
+async def test_r03_r08_one_nesting_bound_at_every_intake_and_nothing_stored(
+        harness: tt.Harness) -> None:
+    """R3, R8 (issue 26): a value nested past MAX_DEPTH is refused by name at every intake (task
+    input, event payload, a person's input and result) with nothing stored, and a task already
+    there is left as it was; before, ~252 levels were accepted and could never be committed."""
+    from tether.model import MAX_DEPTH
+
+    echo(harness)
+    for levels in (MAX_DEPTH + 1, 252, 5_000):
+        with pytest.raises(tt.InvalidInput, match=f"nested more than {MAX_DEPTH} levels"):
+            await harness.submit("echo", nested(levels), task_id="deep")
+    assert await harness.store.count_by_status() == {}
+    task_id = await harness.submit("echo", "shallow")
+    await harness.run_until_idle()
+    before = await harness.get(task_id)
+    for attempt in (harness.emit(tt.Event("approval", task_id, nested(252))),
+                    harness.resume(task_id, input=nested(MAX_DEPTH + 1))):
+        with pytest.raises(tt.InvalidInput, match="nested more than"):
+            await attempt
+    after = await harness.get(task_id)
+    assert (after.version, after.record.status) == (before.version, tt.Status.WAITING)
+    assert [e for e in await harness.reads.events(task_id)] == []
+
+
+async def test_r03_r08_a_payload_at_the_bound_is_committed_and_read_back(
+        harness: tt.Harness) -> None:
+    """R3, R8: what the bound lets in can be stored: a payload exactly MAX_DEPTH deep ends the
+    task's wait, is committed with the head, and reads back equal."""
+    from tether.model import MAX_DEPTH
+
+    @harness.agent("waiter")
+    class Waiter(tt.Agent):
+        async def plan(self, task: tt.TaskView) -> tt.Action:
+            if task.last_event is None:
+                return tt.Wait("approval")
+            return tt.Finish(task.last_event["payload"])
+
+    deep = nested(MAX_DEPTH)
+    task_id = await harness.submit("waiter")
+    await harness.run_until_idle()
+    receipt = await harness.emit(tt.Event("approval", task_id, deep))
+    assert receipt.accepted
+    await harness.run_until_idle()
+    info = await harness.get(task_id)
+    assert info.record.status is tt.Status.COMPLETED and info.snapshot.result == deep

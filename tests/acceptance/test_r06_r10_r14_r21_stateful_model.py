@@ -230,7 +230,7 @@ def test_the_model_catches_a_harness_without_its_idempotency_guard(
                 repeats.append(str(repeat))
                 raise
 
-    monkeypatch.setattr(tether.engine.recovery, "resolve_in_doubt", rerun_blindly)
+    monkeypatch.setattr(tether.engine.calls, "resolve_in_doubt", rerun_blindly)
     generate_only = settings(Machine.TestCase.settings, phases=[Phase.generate],
                              report_multiple_bugs=False)
     with pytest.raises(Exception):  # noqa: B017 (the repeat itself is checked below)

@@ -170,8 +170,10 @@ async def test_r22_broken_arguments_are_told_to_the_model_and_valid_calls_kept(
     assert len(told) == 1 and "not valid JSON" in told[0]["content"]
     asked = [m for m in second if m["role"] == "assistant" and m.get("tool_calls")
              and m["tool_calls"][0]["id"] == "bad_1"]
-    assert asked and asked[0]["tool_calls"][0]["function"]["arguments"] == \
-        '{"order": "A1", amount: 5}'
+    # replayed as {} (a server such as llama-server refuses arguments that are not JSON);
+    # the result quotes what was sent (tests/acceptance/test_r12_r22_replayed_turns_are_valid.py)
+    assert asked and asked[0]["tool_calls"][0]["function"]["arguments"] == "{}"
+    assert told[0]["content"].endswith('You sent: {"order": "A1", amount: 5}')
     assert any(m.get("tool_call_id") and "paid" in m["content"] for m in second)  # lookup ran
     assert await h.reads.recovery_log(tid) == []
     await h.close()

@@ -17,6 +17,20 @@ import time
 from pathlib import Path
 
 
+def stopped(pid: int, timeout: float = 2.0) -> bool:
+    """Wait until the kernel shows *pid* stopped (state T in /proc/<pid>/stat)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            return False
+        if state in ("T", "t"):
+            return True
+        time.sleep(0.001)
+    return False
+
+
 class ChildProcess:
     """A process whose stdout is read line by line on a thread, so ``expect`` can time out."""
 
@@ -87,6 +101,7 @@ class ChildProcess:
         """
         for _ in range(500):
             self.signal(signal.SIGSTOP)
+            stopped(self.proc.pid)  # kill() returns before the kernel has stopped it
             probe = sqlite3.connect(database, timeout=0.2, isolation_level=None)
             try:
                 probe.execute("BEGIN IMMEDIATE")

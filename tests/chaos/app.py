@@ -410,14 +410,14 @@ def break_guard(name: str) -> None:
       written rides along with the result's commit instead.
     """
     if name == "idempotency":
-        import tether.engine.recovery as recovery_module
+        import tether.engine.calls as calls_module
 
         async def rerun_blindly(runner: Any) -> None:
             call = runner.snap.call
             call.status = "planned"
             runner.log_recovery("rerun_blindly", detail="NEGATIVE CONTROL: no idempotency check")
 
-        recovery_module.resolve_in_doubt = rerun_blindly  # type: ignore[assignment]
+        calls_module.resolve_in_doubt = rerun_blindly  # type: ignore[assignment]
     elif name == "fence":
         from tether.store.sqlite import SQLiteStore
 

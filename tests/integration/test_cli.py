@@ -15,6 +15,7 @@ from tether.cli.main import main
 def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     monkeypatch.setenv("TETHER_STORE", f"sqlite:///{tmp_path / 'cli.db'}")
     monkeypatch.setenv("TETHER_DEMO_LEDGER", str(tmp_path / "ledger.db"))
+    monkeypatch.setenv("TETHER_APP", "tether.examples:demo_app")  # the code: levers apply at once
     runner = CliRunner()
 
     def invoke(*args: str, ok: bool = True) -> str:
@@ -95,6 +96,8 @@ def test_protocol_table_lists_priorities(cli) -> None:  # type: ignore[no-untype
     table = json.loads(cli("protocol", "--json"))
     assert table["user_interrupt"]["priority"] == 0
     assert table["heartbeat"]["priority"] == 4
+    assert table["user_message"]["supersedes"] is True and table["heartbeat"]["supersedes"] is False
+    assert "sets the answer aside" in cli("protocol")
 
 
 def test_worker_takes_the_app_as_an_argument(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]

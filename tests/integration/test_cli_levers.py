@@ -162,3 +162,41 @@ def test_delete_asks_first_and_gc_reports_what_it_removed(
     assert "no task 'ghost'" in cli("delete", "ghost", "--yes", code=1)
     assert cli("gc") == ("deleted 0 finished task(s) past their retention and 0 large"
                          " value(s) nothing refers to")
+
+
+REPEATS = '''
+import tether as tt
+
+harness = tt.Harness()
+
+@harness.tool(side_effect=True)
+async def refund(ctx: tt.ToolContext, order: str) -> dict:
+    return {"refunded": order, "key": ctx.idempotency_key}
+
+@harness.agent("again")
+class Again(tt.Agent):
+    async def plan(self, task: tt.TaskView) -> tt.Action:
+        asked = task.scratch.get("asked", 0)
+        task.scratch["asked"] = asked + 1
+        return tt.ToolCall("refund", {"order": "A1"}) if asked < 2 \\
+            else tt.Finish(task.last_tool_result)
+'''
+
+
+def test_r10_r26_resume_earlier_result_answers_a_held_repeat_without_running_it(
+        cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """R10/R26: the same refund asked twice is held; `tether resume --earlier-result` answers
+    it with the first call's result (its key shows the first call's), and refuses a task
+    that holds no repeat."""
+    (tmp_path / "repeats.py").write_text(REPEATS)
+    monkeypatch.setenv("TETHER_APP", "repeats:harness")
+    task_id = cli("submit", "again")
+    cli("worker", "--until-idle")
+    assert "holds no repeat" not in cli("resume", task_id, "--earlier-result")
+    cli("worker", "--until-idle")
+    shown = json.loads(cli("show", task_id, "--json"))
+    first = next(r for r in json.loads(cli("history", task_id, "--json"))
+                 if r.get("tool_call"))["tool_call"]["key"]
+    assert shown["snapshot"]["status"] == "completed"
+    assert shown["snapshot"]["result"] == {"refunded": "A1", "key": first}
+    assert "holds no repeat" in cli("resume", task_id, "--earlier-result", code=1)

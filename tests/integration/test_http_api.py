@@ -658,3 +658,27 @@ async def test_schedules_over_http_and_in_the_console(
     gone = await client.delete("/api/schedules/weekday", headers=auth(OPERATOR))
     assert gone.json() == {"deleted": "weekday"}
     assert "No schedules yet" in (await client.get("/console/schedules")).text
+
+
+def _nested_json(levels: int) -> bytes:
+    return b'{"x":' * levels + b'"leaf"' + b"}" * levels
+
+
+@pytest.mark.parametrize("levels", [101, 254, 3_000])
+async def test_r03_r08_a_too_deep_body_is_a_422_and_nothing_is_stored(api, levels: int) -> None:  # type: ignore[no-untyped-def]
+    """R3, R8 (issue 26): a task input or an event payload nested past the one bound is refused
+    with 422 naming the problem (before: ~252 levels accepted and never committable, ~254 a
+    500), and nothing is stored."""
+    client, harness = api
+    head = {**auth(OPERATOR), "content-type": "application/json"}
+    created = await client.post("/api/tasks", content=b'{"agent": "gate", "task_id": "deep",'
+                                b' "input": ' + _nested_json(levels) + b"}", headers=head)
+    assert created.status_code == 422, created.text
+    assert "nested more than 100 levels" in created.text if levels < 1_000 else \
+        "JSON decode error" in created.text  # past Python's own parser's bound
+    assert await harness.store.count_by_status() == {}
+    await client.post("/api/tasks", json={"agent": "gate", "task_id": "t1"}, headers=auth(OPERATOR))
+    sent = await client.post("/api/tasks/t1/events", content=b'{"type": "approval", "payload": '
+                             + _nested_json(levels) + b"}", headers=head)
+    assert sent.status_code == 422, sent.text
+    assert await harness.reads.events("t1") == []

@@ -218,41 +218,133 @@ def test_tokens_shorter_than_16_bytes_are_refused_at_start_up() -> None:
 # --------------------------------------------------------------------------- 5. rate limits
 
 
+def get_tasks(token: str | None) -> bytes:
+    """``GET /api/tasks`` on its own connection, with *token* (or no Authorization at all)."""
+    header = f"Authorization: Bearer {token}\r\n" if token is not None else ""
+    return (f"GET /api/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\n{header}Connection: close\r\n"
+            "\r\n").encode()
+
+
+def from_address(port: int, local: str) -> httpx.AsyncClient:
+    """A client whose connections come from *local* (another address on loopback)."""
+    return httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}",
+                             transport=httpx.AsyncHTTPTransport(local_address=local))
+
+
+WRONG = "wrong-token-0123456789"
+
+
 async def test_failed_credentials_are_rate_limited_per_client(tmp_path: Path) -> None:
+    """Wrong tokens, wrong sign-in tokens and wrong webhook signatures count, client by
+    client: the eleventh wrong one within the window is a 429 with Retry-After."""
     harness = app_harness(tmp_path / "limits.db")
     config = ServerConfig(TOKENS, {"billing": SECRET}, failure_limit=10, failure_window=3600)
     async with serving(harness, config) as port:
-        def get(token: str) -> bytes:
-            return (f"GET /api/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}"
-                    "\r\nConnection: close\r\n\r\n").encode()
-
         for _ in range(20):  # successes are never counted
-            assert (await raw(port, get(READER)))[0] == 200
+            assert (await raw(port, get_tasks(READER)))[0] == 200
         for _ in range(10):
-            assert (await raw(port, get("wrong-token-0123456789")))[0] == 401
-        status, headers, body = await raw(port, get("wrong-token-0123456789"))
+            assert (await raw(port, get_tasks(WRONG)))[0] == 401
+        status, headers, body = await raw(port, get_tasks(WRONG))
         assert status == 429 and int(headers["retry-after"]) > 0, body
-        # while limited, even the right token is not looked at: guessing learns nothing
-        assert (await raw(port, get(READER)))[0] == 429
+        assert (await raw(port, get_tasks("Bearer-less-junk")))[0] == 429  # malformed: presented
         # another client is not affected
-        assert (await raw(port, get(READER), local="127.0.0.2"))[0] == 200
-        login = (b"POST /console/login HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: http://127.0.0.1\r\n"
-                 b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 11\r\n"
-                 b"Connection: close\r\n\r\ntoken=wrong")
-        assert (await raw(port, login))[0] == 429
+        assert (await raw(port, get_tasks(WRONG), local="127.0.0.2"))[0] == 401
+        # sign-in failures and webhook signature failures count too, client by client
+        async with from_address(port, "127.0.0.3") as console:
+            for _ in range(10):
+                refused = await sign_in(console, WRONG)
+                assert refused.status_code == 401 and "not valid" in refused.text
+            limited = await sign_in(console, WRONG)
+            assert limited.status_code == 429 and int(limited.headers["retry-after"]) > 0
+            assert "too many failed credentials" in limited.text
+        assert (await raw(port, get_tasks(WRONG), local="127.0.0.3"))[0] == 429
         body_, hook_headers = hook({"id": "e1", "type": "approval", "task_id": "t1"},
                                    secret="not-the-secret-0123456789")
-        hook_request = ("POST /hooks/billing HTTP/1.1\r\nHost: 127.0.0.1\r\n" + "".join(
-            f"{k}: {v}\r\n" for k, v in hook_headers.items())
-            + f"Content-Length: {len(body_)}\r\nConnection: close\r\n\r\n").encode() + body_
-        # sign-in failures and webhook signature failures count too, client by client
-        for _ in range(10):
-            assert (await raw(port, login, local="127.0.0.3"))[0] in (200, 401, 403)
-        assert (await raw(port, get(READER), local="127.0.0.3"))[0] == 429
-        for _ in range(10):
-            assert (await raw(port, hook_request, local="127.0.0.4"))[0] == 401
-        assert (await raw(port, hook_request, local="127.0.0.4"))[0] == 429
+        async with from_address(port, "127.0.0.4") as sender:
+            for _ in range(10):
+                wrong = await sender.post("/hooks/billing", content=body_, headers=hook_headers)
+                assert wrong.status_code == 401, wrong.text
+            limited = await sender.post("/hooks/billing", content=body_, headers=hook_headers)
+            assert limited.status_code == 429 and int(limited.headers["retry-after"]) > 0
     await harness.close()
+
+
+async def test_r26_a_valid_credential_is_never_refused_for_its_addresses_failures(
+        tmp_path: Path) -> None:
+    """R26, issue 26: everyone behind one proxy shares an address. Once a guesser there is
+    limited, the guesser still gets 429, but a person holding a valid token, a valid sign-in
+    or a correctly signed webhook is served as if nothing had happened."""
+    harness = app_harness(tmp_path / "proxy.db")
+    await harness.submit("gate", task_id="t1")
+    await harness.run_until_idle()
+    config = ServerConfig(TOKENS, {"billing": SECRET}, failure_limit=10, failure_window=3600)
+    async with serving(harness, config) as port, from_address(port, "127.0.0.5") as client:
+        for _ in range(11):
+            await raw(port, get_tasks(WRONG), local="127.0.0.5")
+        assert (await raw(port, get_tasks(WRONG), local="127.0.0.5"))[0] == 429
+        for _ in range(3):  # the limit stays, and so does the person's access
+            assert (await raw(port, get_tasks(READER), local="127.0.0.5"))[0] == 200
+        emitted = await client.post("/api/tasks/t1/events", headers=auth(OPERATOR),
+                                    json={"type": "progress", "payload": "from behind the proxy"})
+        assert emitted.status_code == 202, emitted.text
+        assert (await sign_in(client, WRONG)).status_code == 429
+        signed = await sign_in(client, READER)
+        assert signed.status_code == 303, signed.text
+        assert "t1" in (await client.get("/console")).text  # the session works too
+        body, headers = hook({"id": "d1", "type": "approval", "task_id": "t1"})
+        delivered = await client.post("/hooks/billing", content=body, headers=headers)
+        assert delivered.status_code == 202, delivered.text
+        assert (await raw(port, get_tasks(WRONG), local="127.0.0.5"))[0] == 429
+    await harness.close()
+
+
+async def test_r26_requests_without_a_credential_are_never_counted_as_failures(
+        tmp_path: Path) -> None:
+    """R26, issue 26: a browser on the console asks for /favicon.ico on every page, without
+    a token. Thirty such requests (and as many without any credential: no Authorization
+    header, a console page without a session, an empty sign-in, a webhook without its
+    signature headers) lock nobody out: a valid token is served afterwards, and the first
+    wrong token is still only a 401, since nothing was counted."""
+    harness = app_harness(tmp_path / "favicon.db")
+    config = ServerConfig(TOKENS, {"billing": SECRET}, failure_limit=10, failure_window=3600)
+    async with serving(harness, config) as port, from_address(port, "127.0.0.6") as client:
+        for _ in range(30):
+            icon = await client.get("/favicon.ico")
+            assert icon.status_code == 200 and icon.content[:4] == b"\x00\x00\x01\x00"
+        for _ in range(15):
+            assert (await raw(port, get_tasks(None), local="127.0.0.6"))[0] == 401
+            assert (await client.get("/robots.txt")).status_code == 401
+            assert (await client.get("/console/rows")).status_code == 401
+            assert (await client.post("/hooks/billing", json={})).status_code == 422
+        for _ in range(12):
+            empty = await sign_in(client, "")
+            assert empty.status_code == 401 and "Paste an API token" in empty.text
+        served = await raw(port, get_tasks(READER), local="127.0.0.6")
+        assert served[0] == 200, served
+        assert (await raw(port, get_tasks(WRONG), local="127.0.0.6"))[0] == 401
+    await harness.close()
+
+
+async def test_r26_the_console_serves_its_icon_to_anyone_cacheably(api: Served) -> None:
+    """R26, issue 26: the icon needs no credential, is an image of the type it says, may be
+    cached for a day, and every console page links to it."""
+    client, _, _ = api
+    ico = await client.get("/favicon.ico")
+    assert ico.status_code == 200 and ico.headers["content-type"] == "image/x-icon"
+    assert ico.content[:6] == b"\x00\x00\x01\x00\x01\x00"  # an ICO holding one image
+    assert ico.content[6:8] == b"\x10\x10"  # of 16x16 pixels
+    assert len(ico.content) == 22 + 40 + 16 * 16 * 4 + 16 * 4
+    svg = await client.get("/favicon.svg")
+    assert svg.status_code == 200 and svg.headers["content-type"] == "image/svg+xml"
+    assert svg.content.startswith(b"<svg") and b"<script" not in svg.content
+    for answer in (ico, svg):
+        assert "public" in answer.headers["cache-control"]
+        assert "max-age=86400" in answer.headers["cache-control"]
+        assert answer.headers["x-content-type-options"] == "nosniff"
+        assert "set-cookie" not in answer.headers
+    assert '<link rel="icon" href="/favicon.svg"' in (await client.get("/console")).text
+    await sign_in(client, READER)
+    assert '<link rel="icon" href="/favicon.svg"' in (await client.get("/console")).text
 
 
 # --------------------------------------------------------------------------- 6. console
@@ -479,6 +571,24 @@ async def test_an_operator_decides_an_in_doubt_call_over_http(api: Served) -> No
     again = await client.post("/api/tasks/inv/decide", json={"outcome": "skip"},
                               headers=auth(OPERATOR))
     assert again.status_code == 409, again.text
+
+
+async def test_r26_a_decision_names_the_etag_it_was_shown_and_a_stale_one_is_refused(
+        api: Served) -> None:
+    """R26: GET gives the task's etag; a decision sent with an etag the task no longer has
+    (here: the call was decided and the task moved on) is a 409 naming it, nothing stored."""
+    client, harness, _ = api
+    await parked_invoice(harness)
+    shown = (await client.get("/api/tasks/inv", headers=auth(READER))).json()
+    assert shown["etag"] == (await harness.get("inv")).etag
+    wrong = await client.post("/api/tasks/inv/decide", json={"outcome": "skip", "etag": "0" * 16},
+                              headers=auth(OPERATOR))
+    assert wrong.status_code == 409 and "no longer as it was shown" in wrong.text, wrong.text
+    assert await harness.store.list_events("inv") == []
+    right = await client.post("/api/tasks/inv/decide",
+                              json={"outcome": "happened", "result": 1, "etag": shown["etag"]},
+                              headers=auth(OPERATOR))
+    assert right.status_code == 202, right.text
 
 
 async def test_levers_record_who_pulled_them_without_the_token(api: Served) -> None:

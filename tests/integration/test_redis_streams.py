@@ -196,3 +196,40 @@ async def test_r19_a_sender_can_wait_until_its_event_is_durable_in_the_store(
     await feeding
     await ingest.close()
     await h.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_r03_r19_a_source_event_id_that_is_not_printable_goes_to_the_dead_letter_stream(
+        stream: tuple[str, str], tmp_path, request: pytest.FixtureRequest,  # type: ignore[no-untyped-def]
+        backend: str) -> None:
+    """R3, R19, issue 26: a NUL in a ``source_event_id`` reached PostgreSQL, whose refusal
+    looks like a store outage, so the entry stayed pending and was retried for ever (and
+    SQLite stored it); a line break was stored on both. Each is dead-lettered now with the
+    field named, nothing is stored, and a good entry behind them is taken as usual."""
+    url, name = stream
+    where = request.getfixturevalue("pg_url") if backend == "postgres" \
+        else f"sqlite:///{tmp_path / 's.db'}"
+    h = approvals(where)
+    tid = await h.submit("gate")
+    await h.run_until_idle(timeout=5)
+    ingest = StreamIngest(h, url, stream=name, block=0.05)
+    await ingest._ensure_group()
+    client = aioredis.from_url(url)
+    for bad in ("nul\x00here", "two\nlines", "tab\there", "esc\x1b[31m"):
+        await client.xadd(name, {"event": tt_json({"type": "approval", "task_id": tid,
+                                                   "source_event_id": bad})})
+    await client.xadd(name, {"event": tt_json({"type": "approval", "task_id": tid,
+                                               "source_event_id": "fine-1", "payload": 1})})
+    await ingest.step()
+    dead = await client.xrange(f"{name}:dead")
+    reasons = [fields[b"reason"].decode() for _, fields in dead]
+    assert len(reasons) == 4 and all("source_event_id" in r and "printable" in r
+                                     for r in reasons), reasons
+    assert [e.event.source_event_id for e in await h.store.list_events(tid)] == ["fine-1"]
+    await h.run_until_idle(timeout=5)
+    await ingest.acknowledge_applied()
+    assert await pending_count(url, name) == 0
+    assert (await h.get(tid)).snapshot.result == 1
+    await client.aclose()
+    await ingest.close()
+    await h.close()

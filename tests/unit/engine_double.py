@@ -5,7 +5,8 @@ commit. :class:`FakeTask` is the smallest honest implementation of that interfac
 attributes, and a record of everything a helper asks of it (dialog rows, recovery records,
 idempotency records, fired timer events, whether a commit was asked for). Status changes go
 through :func:`tether.model.check_transition` as the runner's do; ``finish_call`` and
-``put_first`` mirror the runner's logic, nothing more. :class:`FakeReads` answers the few
+``put_first`` run the runner's own code (the shared functions of ``tether.engine.task``
+and ``tether.engine.calls``), so the double cannot drift from it. :class:`FakeReads` answers the few
 store reads a helper may make from dictionaries.
 
 Imported by the engine unit tests as ``engine_double``.
@@ -19,7 +20,8 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from tether.agent import Agent, TaskView
-from tether.engine.task import RunningTask, TaskReads
+from tether.engine import calls
+from tether.engine.task import RunningTask, TaskReads, pop_frame, put_first
 from tether.errors import UnknownAgent, VersionNotFound
 from tether.model import (
     Action,
@@ -39,6 +41,7 @@ from tether.model import (
     action_to_dict,
     check_transition,
 )
+from tether.protocol import InterruptionProtocol
 from tether.resources import ResourceKinds
 from tether.settings import Settings
 from tether.store.base import Claim, StoredEvent
@@ -118,6 +121,7 @@ class FakeTask:
         self.resource_kinds = resource_kinds or ResourceKinds()
         self.counters: Counter[str] = Counter()
         self.worker_degraded = worker_degraded
+        self.protocol = InterruptionProtocol()
         self.fake_reads = reads or FakeReads()
         self.captured: dict[tuple[int, int], bytes] = {}
         # What the helpers asked for:
@@ -158,6 +162,9 @@ class FakeTask:
         check_transition(self.snap.task_id, self.snap.status, status)
         self.snap.status = status
 
+    def supersedes(self, event_type: str) -> bool:
+        return self.protocol.supersedes(event_type)
+
     def append_history(self, entry: dict[str, Any]) -> None:
         self.snap.history_len += 1
         self.history.append(entry)
@@ -177,44 +184,16 @@ class FakeTask:
 
     def put_first(self, action: Action, frame: Frame | None = None,
                   agent: Agent | None = None) -> None:
-        """As the runner: an open call not in flight is parked in its own agenda entry."""
-        frame = frame or self.snap.frame
-        call = self.snap.call
-        if call is not None and frame is self.snap.frame and frame.agenda:
-            frame.agenda[0].open_call = call
-            self.snap.call = None
-        planned_by = f"{agent.name}@{agent.version}" if agent is not None else None
-        frame.agenda.insert(0, AgendaEntry(action_to_dict(action), planned_by))
+        put_first(self, action, frame, agent)
 
     def pop_frame(self, action: Finish | Fail, by: dict[str, Any]) -> None:
-        """As the runner: the parent sees the child's result or failure."""
-        done = self.snap.stack.pop()
-        failed = isinstance(action, Fail)
-        outcome = action.reason if isinstance(action, Fail) else action.result
-        self.append_history({"role": "system", "event": "fail" if failed else "finish",
-                             "agent": done.agent, "content": outcome, **by})
-        parent = self.snap.frame
-        parent.child_result = None if failed else outcome
-        parent.child_error = outcome if failed else None
+        pop_frame(self, action, by)
 
     def finish_call(self, call: CallState, result: Any, from_record: bool = False,
                     defer: bool = False) -> None:
-        """As the runner: record the result, move past the call, ask for a commit."""
+        """The runner's own code (:func:`tether.engine.calls.finish_call`), seen by the test."""
         self.finished.append((call.key, result, from_record, defer))
-        if not from_record:
-            self.record_idempotency(call, OutcomeStatus.SUCCEEDED, result=result)
-        self.append_history({"role": "tool", "name": call.tool, "key": call.key,
-                             "content": result})
-        frame = self.snap.frame
-        frame.last_tool_result = result
-        frame.last_tool_error = None
-        frame.agenda.pop(0)
-        frame.steps += 1
-        self.snap.step += 1
-        self.snap.call = None
-        self.mark_progress()
-        if not defer:
-            self.request_commit()
+        calls.finish_call(self, call, result, from_record, defer)
 
     def replace_state(self, snap: Snapshot, history: list[dict[str, Any]]) -> None:
         self.replaced.append((snap, history))

@@ -88,15 +88,16 @@ async def test_r4_r15_an_unhandled_p0_pauses_a_running_task_keeping_its_to_do_li
 
 
 async def test_r4_an_unhandled_p1_changes_nothing_but_the_dialog() -> None:
-    """R4: a P1 event no agent handles is recorded in the dialog; the task goes on."""
+    """R4: a P1 event no agent handles, and that is not a newer message (a webhook), is
+    recorded in the dialog; the task goes on with its to-do list."""
     agent = ScriptedAgent()
     task = running(agent)
 
-    result = await apply_event(task, stored("user_message", "fyi", priority=1))
+    result = await apply_event(task, stored("webhook", "fyi", priority=1))
 
     assert result is EventStatus.APPLIED
     assert task.snap.status is Status.RUNNING and len(task.snap.frame.agenda) == 2
-    assert [e.type for e in agent.events] == ["user_message"]
+    assert [e.type for e in agent.events] == ["webhook"]
     assert len(task.rows) == 1 and task.recovery_log == []
 
 
@@ -239,13 +240,13 @@ async def test_r26_an_agent_failing_on_an_event_hands_the_task_to_a_person(
     action) parks the task for a person; the event is kept in the dialog."""
     task = running(ScriptedAgent(**agent_options))
 
-    result = await apply_event(task, stored("user_message", "hi"))
+    result = await apply_event(task, stored("webhook", "hi"))
 
     assert result is EventStatus.APPLIED
     assert task.snap.status is Status.NEEDS_HUMAN and task.commit_requested
     assert task.snap.error is not None and "'main'" in task.snap.error
     assert "event 7" in task.snap.error
-    assert [r["type"] for r in task.rows] == ["user_message"]
+    assert [r["type"] for r in task.rows] == ["webhook"]
     assert [e.kind for e in task.snap.frame.agenda] == ["reply", "reply"]
 
 
@@ -257,10 +258,10 @@ async def test_r3_replan_drops_the_recorded_work_and_the_wait() -> None:
     snap.frame.wait = dict(APPROVAL)
     task = FakeTask(snap, agents=[ScriptedAgent(answer=Replan())], tools=[make_tool()])
 
-    await apply_event(task, stored("amend", "different account"))
+    await apply_event(task, stored("webhook", "different account"))
 
     assert snap.frame.agenda == [] and snap.frame.wait is None and snap.call is None
-    assert task.recovery_log == [(Strategy.REPLAN, 7, "amend: dropped ['tool_call', 'reply']")]
+    assert task.recovery_log == [(Strategy.REPLAN, 7, "webhook: dropped ['tool_call', 'reply']")]
     assert call.status is CallStatus.PLANNED
 
 
@@ -270,7 +271,7 @@ async def test_r10_replan_is_refused_while_a_call_is_in_doubt() -> None:
     call = open_call(snap, status=CallStatus.STARTED)
     task = FakeTask(snap, agents=[ScriptedAgent(answer=Replan())], tools=[make_tool()])
 
-    await apply_event(task, stored("amend", "different account"))
+    await apply_event(task, stored("webhook", "different account"))
 
     assert snap.call is call and [e.kind for e in snap.frame.agenda] == ["tool_call", "reply"]
     assert task.strategies == [Strategy.REPLAN_REFUSED]
@@ -337,7 +338,7 @@ async def test_r3_r8_cancel_ends_the_task_and_cleans_its_resources(status: Statu
     assert result is EventStatus.APPLIED
     assert task.snap.status is Status.CANCELLED and task.snap.call is None
     assert cleaned == ["a"]
-    assert task.rows == [{"role": "event", "type": "cancel", "content": {"by": "ann"}}]
+    assert task.rows == [{"role": "event", "type": "cancel", "event_id": 7, "content": {"by": "ann"}}]
 
 
 async def test_r8_a_failing_cleanup_is_recorded_and_the_cancel_still_holds() -> None:

@@ -21,7 +21,7 @@ from engine_double import (
     waiting_task,
 )
 
-from tether.engine import levers
+from tether.engine import calls, levers
 from tether.errors import IllegalTransition, InDoubtCall, InvalidInput, VersionNotFound
 from tether.model import (
     CallStatus,
@@ -103,16 +103,24 @@ async def test_r26_a_plain_resume_retries_the_failed_call_with_a_fresh_budget() 
 
 
 async def test_r26_an_amended_resume_drops_the_failed_call_so_the_agent_plans_again() -> None:
-    """R26: a resume with a message drops the failed call; the rest of the work is kept."""
+    """R26 (issue 27): a resume with a message drops the failed call, and the rest of the
+    answer is newer than nothing the person said: it is set aside too (a reply's text kept
+    in the dialog, before the message); a patch without a message keeps the rest."""
     snap = make_snap(Status.NEEDS_HUMAN, agenda=[Reply("after")])
     open_call(snap, status=CallStatus.FAILED, attempt=3)
     task = FakeTask(snap, tools=[make_tool()], agents=[ScriptedAgent()])
 
     await levers.human_resume(task, lever("resume", {"message": "try the other card"}))
 
-    assert snap.call is None and [e.kind for e in snap.frame.agenda] == ["reply"]
+    assert snap.call is None and snap.frame.agenda == []
     assert snap.status is Status.RUNNING
-    assert task.rows == [{"role": "user", "type": "resume", "content": "try the other card"}]
+    assert [row["content"] for row in task.rows] == ["after", "try the other card"]
+
+    patched = make_snap(Status.NEEDS_HUMAN, agenda=[Reply("after")])
+    open_call(patched, status=CallStatus.FAILED, attempt=3)
+    task = FakeTask(patched, tools=[make_tool()], agents=[ScriptedAgent()])
+    await levers.human_resume(task, lever("resume", {"frame_patch": {"card": 2}}))
+    assert patched.call is None and [e.kind for e in patched.frame.agenda] == ["reply"]
 
 
 async def test_r26_resuming_a_waiting_task_ends_its_wait() -> None:
@@ -152,7 +160,7 @@ async def test_r10_resuming_with_an_idempotent_call_in_doubt_reruns_it() -> None
 
 def decide(task: FakeTask, outcome: Any, **extra: Any) -> Event:
     assert task.snap.call is not None
-    return lever("decide", {"outcome": outcome, "key": task.snap.call.key, "by": "ann",
+    return lever("decide", {"outcome": outcome, "by": "ann", **calls.observation(task.snap),
                             **extra})
 
 
@@ -165,7 +173,7 @@ async def test_r10_r26_decided_happened_records_the_result_without_running() -> 
     assert call is not None
     task.snap.error = "outcome unknown"
 
-    await levers.human_decide(task, decide(task, "happened", result={"refund": "r1"}))
+    await calls.human_decide(task, decide(task, "happened", result={"refund": "r1"}))
 
     assert task.snap.status is Status.RUNNING and task.snap.error is None
     assert task.finished == [(call.key, {"refund": "r1"}, False, False)]
@@ -183,7 +191,7 @@ async def test_r10_r26_decided_not_happened_runs_the_call_with_its_key() -> None
     assert call is not None
     key = call.key
 
-    await levers.human_decide(task, decide(task, "not_happened"))
+    await calls.human_decide(task, decide(task, "not_happened"))
 
     assert task.snap.status is Status.RUNNING
     assert task.snap.call is call and call.status is CallStatus.PLANNED and call.key == key
@@ -197,7 +205,7 @@ async def test_r10_r26_decided_skip_drops_the_call_and_moves_on() -> None:
     call = task.snap.call
     assert call is not None
 
-    await levers.human_decide(task, decide(task, "skip"))
+    await calls.human_decide(task, decide(task, "skip"))
 
     frame = task.snap.frame
     assert task.snap.call is None and [e.kind for e in frame.agenda] == ["reply"]
@@ -221,7 +229,7 @@ async def test_r26_a_decision_that_does_not_fit_changes_nothing(
     call.status = status
 
     with pytest.raises(error):
-        await levers.human_decide(task, lever("decide", {"outcome": outcome,
+        await calls.human_decide(task, lever("decide", {"outcome": outcome,
                                                            "key": key or call.key}))
 
     assert task.snap.status is Status.NEEDS_HUMAN and task.rows == [] and task.finished == []

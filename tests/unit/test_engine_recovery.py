@@ -23,7 +23,7 @@ from engine_double import (
     with_reconcile,
 )
 
-from tether.engine import recovery
+from tether.engine import budget, calls, recovery
 from tether.errors import NotRetryable
 from tether.model import (
     CallStatus,
@@ -53,7 +53,7 @@ async def test_r10_a_succeeded_record_is_reused_and_the_call_not_rerun() -> None
     assert call is not None
     reads.idempotency[call.key] = record_for(call, OutcomeStatus.SUCCEEDED, {"paid": 5})
 
-    await recovery.resolve_in_doubt(task)
+    await calls.resolve_in_doubt(task)
 
     assert task.strategies == [Strategy.REUSE_RESULT]
     assert task.finished == [(call.key, {"paid": 5}, True, False)]
@@ -74,7 +74,7 @@ async def test_e3_a_succeeded_record_of_other_arguments_is_not_reused() -> None:
     reads.idempotency[call.key] = record_for(call, OutcomeStatus.SUCCEEDED, {"paid": 99},
                                              args_hash_="another-call")
 
-    await recovery.resolve_in_doubt(task)
+    await calls.resolve_in_doubt(task)
 
     assert task.finished == []
     assert task.snap.status is Status.NEEDS_HUMAN
@@ -89,7 +89,7 @@ async def test_r10_a_failed_record_makes_the_call_safe_to_run() -> None:
     assert call is not None
     reads.idempotency[call.key] = record_for(call, OutcomeStatus.FAILED)
 
-    await recovery.resolve_in_doubt(task)
+    await calls.resolve_in_doubt(task)
 
     assert task.strategies == [Strategy.RERUN_FAILED]
     assert task.snap.call is call and call.status is CallStatus.PLANNED
@@ -103,7 +103,7 @@ async def test_r10_an_idempotent_tool_in_doubt_runs_again_with_its_key() -> None
     assert call is not None
     key = call.key
 
-    await recovery.resolve_in_doubt(task)
+    await calls.resolve_in_doubt(task)
 
     assert task.strategies == [Strategy.RERUN_IDEMPOTENT]
     assert call.status is CallStatus.PLANNED and call.key == key
@@ -118,7 +118,7 @@ async def test_r10_r26_a_side_effect_without_reconcile_goes_to_a_person_unrepeat
     call = task.snap.call
     assert call is not None
 
-    await recovery.resolve_in_doubt(task)
+    await calls.resolve_in_doubt(task)
 
     assert task.snap.status is Status.NEEDS_HUMAN
     assert task.snap.call is call and call.status is CallStatus.STARTED
@@ -133,7 +133,7 @@ async def test_e8_an_unregistered_tool_in_doubt_goes_to_a_person_naming_it() -> 
     """E8: a call in doubt whose tool is no longer registered cannot be checked: a person."""
     task = in_doubt_task(tools=[])
 
-    await recovery.resolve_in_doubt(task)
+    await calls.resolve_in_doubt(task)
 
     assert task.snap.status is Status.NEEDS_HUMAN
     assert task.snap.error is not None and "'pay'" in task.snap.error
@@ -154,7 +154,7 @@ async def test_r10_reconcile_returning_none_runs_the_call_now_with_the_same_key(
     call = task.snap.call
     assert call is not None
 
-    await recovery.resolve_in_doubt(task)
+    await calls.resolve_in_doubt(task)
 
     assert task.strategies == [Strategy.RECONCILE_NOT_DONE]
     assert call.status is CallStatus.PLANNED and task.snap.call is call
@@ -177,7 +177,7 @@ async def test_r10_reconcile_returning_a_value_records_it_without_repeating() ->
     call = task.snap.call
     assert call is not None
 
-    await recovery.resolve_in_doubt(task)
+    await calls.resolve_in_doubt(task)
 
     assert task.strategies == [Strategy.RECONCILE]
     assert task.finished == [(call.key, ["refund", 5], False, False)]
@@ -196,7 +196,7 @@ async def test_r10_r26_a_reconcile_hook_that_raises_hands_the_task_to_a_person()
     call = task.snap.call
     assert call is not None
 
-    await recovery.resolve_in_doubt(task)
+    await calls.resolve_in_doubt(task)
 
     assert task.snap.status is Status.NEEDS_HUMAN
     assert task.snap.error is not None and "RuntimeError: gateway down" in task.snap.error
@@ -216,7 +216,7 @@ async def test_r10_outcome_unknown_with_no_effect_becomes_an_ordinary_failure() 
     call = task.snap.call
     assert call is not None
 
-    await recovery.outcome_unknown(task, tool, call, TimeoutError("no answer"))
+    await calls.outcome_unknown(task, tool, call, TimeoutError("no answer"))
 
     assert task.strategies == [Strategy.OUTCOME_UNKNOWN, Strategy.RECONCILE_NOT_DONE]
     assert call.status is CallStatus.FAILED and call.retry_at is not None
@@ -230,7 +230,7 @@ async def test_r10_outcome_unknown_without_reconcile_goes_to_a_person() -> None:
     call = task.snap.call
     assert call is not None
 
-    await recovery.outcome_unknown(task, tool, call, TimeoutError("no answer"))
+    await calls.outcome_unknown(task, tool, call, TimeoutError("no answer"))
 
     assert task.strategies == [Strategy.OUTCOME_UNKNOWN, Strategy.NEEDS_HUMAN]
     assert call.status is CallStatus.STARTED and call.retry_at is None
@@ -257,7 +257,7 @@ async def test_r15_a_retryable_failure_sets_retry_at_and_asks_for_a_commit() -> 
     assert call is not None
 
     before = time.time()
-    await recovery.tool_failed(task, tool, call, RuntimeError("boom"))
+    await calls.tool_failed(task, tool, call, RuntimeError("boom"))
     after = time.time()
 
     assert call.status is CallStatus.FAILED and call.error == "RuntimeError: boom"
@@ -278,7 +278,7 @@ async def test_r15_giving_up_offers_a_tool_error_event_to_the_agent() -> None:
     key = call.key
 
     before = time.time()
-    await recovery.tool_failed(task, tool, call, RuntimeError("boom"))
+    await calls.tool_failed(task, tool, call, RuntimeError("boom"))
     after = time.time()
 
     [event] = agent.events
@@ -301,7 +301,7 @@ async def test_r15_a_not_retryable_error_gives_up_at_the_first_attempt() -> None
     call = task.snap.call
     assert call is not None
 
-    await recovery.tool_failed(task, tool, call, NotRetryable("bad card"))
+    await calls.tool_failed(task, tool, call, NotRetryable("bad card"))
 
     assert [e.type for e in agent.events] == ["tool_error"]
     assert task.strategies == [Strategy.RETRY_BACKOFF]
@@ -315,7 +315,7 @@ async def test_r15_the_agent_may_compensate_a_call_that_gave_up() -> None:
     call = task.snap.call
     assert call is not None
 
-    await recovery.tool_failed(task, tool, call, RuntimeError("boom"))
+    await calls.tool_failed(task, tool, call, RuntimeError("boom"))
 
     frame = task.snap.frame
     assert task.snap.call is None
@@ -336,7 +336,7 @@ async def test_r15_the_agent_may_replan_after_a_call_gave_up() -> None:
     call = task.snap.call
     assert call is not None
 
-    await recovery.tool_failed(task, tool, call, RuntimeError("boom"))
+    await calls.tool_failed(task, tool, call, RuntimeError("boom"))
 
     assert task.snap.frame.agenda == [] and task.snap.call is None
     assert task.strategies == [Strategy.SKIP]
@@ -349,12 +349,12 @@ async def test_r22_the_same_call_failing_the_same_way_twice_goes_to_a_person() -
     task, tool = failing_task(agent, attempt=3)
     first = task.snap.call
     assert first is not None
-    await recovery.tool_failed(task, tool, first, TimeoutError("timeout after 30.2s"))
+    await calls.tool_failed(task, tool, first, TimeoutError("timeout after 30.2s"))
     assert task.snap.status is Status.RUNNING and task.strategies == [Strategy.SKIP]
 
     second = open_call(task.snap, attempt=3)  # planned again at a later position, same args
     assert second.key != first.key
-    await recovery.tool_failed(task, tool, second, TimeoutError("timeout after 31.9s"))
+    await calls.tool_failed(task, tool, second, TimeoutError("timeout after 31.9s"))
 
     assert task.snap.status is Status.NEEDS_HUMAN
     assert task.snap.error is not None and "fingerprint" in task.snap.error
@@ -368,10 +368,10 @@ async def test_r22_the_same_failure_with_other_arguments_is_not_a_repeat() -> No
     task, tool = failing_task(agent, attempt=3)
     first = task.snap.call
     assert first is not None
-    await recovery.tool_failed(task, tool, first, RuntimeError("boom"))
+    await calls.tool_failed(task, tool, first, RuntimeError("boom"))
 
     second = open_call(task.snap, args={"amount": 6}, attempt=3)
-    await recovery.tool_failed(task, tool, second, RuntimeError("boom"))
+    await calls.tool_failed(task, tool, second, RuntimeError("boom"))
 
     assert task.snap.status is Status.RUNNING
     assert task.strategies == [Strategy.SKIP, Strategy.SKIP] and len(agent.events) == 2
@@ -384,11 +384,11 @@ async def test_r12_r22_a_retried_call_giving_up_the_same_way_again_goes_to_a_per
     task, tool = failing_task(agent, attempt=3)
     call = task.snap.call
     assert call is not None
-    await recovery.tool_failed(task, tool, call, RuntimeError("boom"))
+    await calls.tool_failed(task, tool, call, RuntimeError("boom"))
     assert task.strategies == [Strategy.RETRY_BACKOFF]
 
     call.attempt = 3  # the retries after the recovery used up the policy again
-    await recovery.tool_failed(task, tool, call, RuntimeError("boom"))
+    await calls.tool_failed(task, tool, call, RuntimeError("boom"))
 
     assert task.snap.status is Status.NEEDS_HUMAN
     assert task.strategies == [Strategy.RETRY_BACKOFF, Strategy.NEEDS_HUMAN]
@@ -445,7 +445,7 @@ async def test_r12_progress_starts_the_recovery_budget_afresh() -> None:
     task.snap.recovery.fingerprints = ["x"]
     task.snap.recovery.started_at = 1.0
 
-    recovery.progress_made(task)
+    budget.progress_made(task)
 
     rec = task.snap.recovery
     assert (rec.attempts, rec.fingerprints, rec.started_at) == (0, [], None)

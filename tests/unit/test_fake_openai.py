@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessageParam
@@ -189,9 +190,9 @@ async def test_a_hanging_answer_times_the_client_out(fake: FakeOpenAI, api: open
 
 async def test_a_hanging_stream_sends_its_first_chunk_then_times_out(
         fake: FakeOpenAI, api: openai.AsyncOpenAI) -> None:
-    fake.add(reply("first second", chunks=2, hang=1.0))
+    fake.add(reply("first second", chunks=2, hang=60.0))  # far past the read timeout
     answer = await api.chat.completions.create(model="m", messages=MESSAGES, stream=True,
-                                               timeout=0.2)
+                                               timeout=httpx.Timeout(30.0, read=3.0))
     received: list[str | None] = []
     with pytest.raises(openai.APITimeoutError):
         async for chunk in answer:

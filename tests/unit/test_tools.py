@@ -11,6 +11,7 @@ from tether.tools import (
     RetryPolicy,
     Tool,
     ToolContext,
+    ToolPolicy,
     args_hash,
     failure_fingerprint,
     idempotency_key,
@@ -153,13 +154,11 @@ def test_side_effect_tool_cannot_also_be_idempotent() -> None:
         _tool(name="refund", side_effect=True, idempotent=True)
 
 
-def test_tool_must_be_async() -> None:
-    """R17: tools are coroutines; a sync function is refused when registered."""
-    def sync_tool(ctx: ToolContext) -> None:
-        return None
-
-    with pytest.raises(ConfigurationError, match="sync_tool"):
-        _tool(sync_tool, name="sync_tool")
+def test_tool_must_be_a_function() -> None:
+    """R17: a tool is an async function or a plain one (run in a thread, see
+    test_tools_sync.py); anything else is refused when registered, naming the tool."""
+    with pytest.raises(ConfigurationError, match="'not_a_tool' must be a function"):
+        _tool("refund", name="not_a_tool")
 
 
 @pytest.mark.parametrize("timeout", [0.0, -1.0])
@@ -177,21 +176,103 @@ def test_read_only_tool_is_idempotent_and_side_effect_tool_is_not() -> None:
     assert "side_effect" in repr(refund)
 
 
-def test_reconcile_hook_must_be_async() -> None:
-    """R10: the reconcile hook is a coroutine like the tool."""
-    tool = _tool(name="refund", side_effect=True, idempotent=False)
+async def _refund(ctx: ToolContext, order: str, amount: int = 1) -> str:
+    return f"refunded {amount} on {order}"
 
-    def sync_hook(ctx: ToolContext) -> None:
-        return None
 
-    with pytest.raises(ConfigurationError, match="refund"):
-        tool.reconcile(sync_hook)  # type: ignore[arg-type]
+def test_r10_reconcile_hook_must_be_a_function() -> None:
+    """R10: the reconcile hook is awaited like the tool (a plain one runs in a thread, see
+    test_tools_sync.py); something that cannot be called is refused when it is registered,
+    saying what tether calls."""
+    tool = _tool(_refund, name="refund", side_effect=True, idempotent=False)
 
-    async def hook(ctx: ToolContext) -> None:
+    with pytest.raises(ConfigurationError, match="refund") as refused:
+        tool.reconcile("not a hook")
+    assert "must be a function (`async def hook(ctx: ToolContext, order: str," in str(
+        refused.value)
+    assert tool.reconcile_fn is None
+
+    async def hook(ctx: ToolContext, order: str, amount: int = 1) -> None:
         return None
 
     assert tool.reconcile(hook) is hook
     assert tool.reconcile_fn is hook
+
+
+async def _missing_amount(ctx: ToolContext, order: str) -> Any:
+    return None
+
+
+async def _needs_more(ctx: ToolContext, order: str, amount: int, note: str) -> Any:
+    return None
+
+
+async def _amount_required(ctx: ToolContext, order: str, amount: int) -> Any:
+    return None
+
+
+async def _no_context(*, order: str, amount: int = 1) -> Any:
+    return None
+
+
+async def _framework_call(ctx: ToolContext, tool_call_id: str, args: dict[str, Any]) -> Any:
+    return None
+
+
+@pytest.mark.parametrize(("hook", "why"), [
+    (_missing_amount, "got an unexpected keyword argument 'amount'"),
+    (_needs_more, "missing a required argument: 'note'"),
+    (_amount_required, "only the arguments every call has (order), it fails: missing a"
+                       " required argument: 'amount'"),
+    (_no_context, "it takes no context as its first, positional argument"),
+    (_framework_call, "missing a required argument: 'tool_call_id'"),
+])
+def test_r10_a_reconcile_hook_tether_cannot_call_is_refused_when_it_is_registered(
+        hook: Any, why: str) -> None:
+    """R10 (issue 26): tether calls a hook as ``hook(ctx, **args)`` with the tool's
+    arguments; one that cannot take every call of the tool is refused at registration (not
+    found at crash time), naming the tool, the signature expected and the one given."""
+    tool = _tool(_refund, name="refund", side_effect=True, idempotent=False)
+    with pytest.raises(ConfigurationError) as refused:
+        tool.reconcile(hook)
+    text = str(refused.value)
+    assert "tool 'refund'" in text and why in text
+    assert "expects `async def hook(ctx: ToolContext, order: str, amount: int = 1)`" in text
+    assert f"given `async def {hook.__name__}(" in text
+    assert tool.reconcile_fn is None
+
+
+def test_r10_reconcile_hooks_that_take_every_call_of_the_tool_are_accepted() -> None:
+    """R10: a hook with its own defaults, with ``**kwargs``, or with extra optional
+    arguments can take every call; a tool with ``**kwargs`` needs a hook with them too."""
+    tool = _tool(_refund, name="refund", side_effect=True, idempotent=False)
+
+    async def defaults(ctx: ToolContext, order: str, amount: int = 5) -> Any:
+        return None
+
+    async def anything(ctx: ToolContext, **args: Any) -> Any:
+        return None
+
+    async def more(ctx: ToolContext, order: str, amount: int = 1, *, note: str = "") -> Any:
+        return None
+
+    for hook in (defaults, anything, more):
+        assert tool.reconcile(hook) is hook
+    loose = _tool(name="loose", side_effect=True, idempotent=False)  # takes **kwargs
+    with pytest.raises(ConfigurationError, match=r"tool 'loose'.*must take \*\*kwargs too"):
+        loose.reconcile(defaults)
+    assert loose.reconcile(anything) is anything
+
+
+def test_r10_a_tool_policy_and_the_decorator_check_hooks_too() -> None:
+    """R10: ``ToolPolicy(reconcile=...)`` and ``@tool.reconcile`` go through the same check."""
+    with pytest.raises(ConfigurationError, match=r"tool 'pay'.*_missing_amount"):
+        ToolPolicy(reconcile=_missing_amount).tool(_refund, "pay")
+    tool = _tool(_refund, name="refund", side_effect=True, idempotent=False)
+    with pytest.raises(ConfigurationError, match="tool 'refund'"):
+        @tool.reconcile
+        async def _(ctx: ToolContext) -> Any:
+            return None
 
 
 async def test_calling_a_tool_calls_its_function() -> None:

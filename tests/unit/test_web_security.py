@@ -4,18 +4,24 @@ over real HTTP is in tests/integration/test_http_security.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from typing import Any
 
 import pytest
 
 from tether.errors import ConfigurationError
 from tether.web.security import (
+    EdgeGuard,
     FailureLimiter,
     TokenTable,
     bearer_token,
     origin_of,
+    presents_credential,
     scrub_paths,
     strict_json,
+    takes_token,
+    wrong_credential,
 )
 from tether.web.sessions import Sessions
 from tether.web.webhooks import WebhookSource, parse_sources
@@ -41,6 +47,68 @@ def test_the_failure_limiter_forgets_old_failures_and_bounds_its_memory() -> Non
     for _ in range(2):
         limiter.failed("client-999")
     assert limiter.retry_after("client-999") == 60
+
+
+READER = "reader-token-0123456789abcdef"
+
+
+def through_guard(guard: EdgeGuard, path: str, authorization: list[str] | None = None,
+                  client: str = "10.0.0.1") -> int:
+    """The status a request gets through *guard* (200 when it reached the app behind)."""
+    headers = [(b"authorization", value.encode()) for value in authorization or []]
+    scope: dict[str, Any] = {"type": "http", "path": path, "method": "GET", "headers": headers,
+                             "client": (client, 40000)}
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(guard(scope, receive, send))
+    return int(next(m["status"] for m in sent if m["type"] == "http.response.start"))
+
+
+async def reached(scope: Any, receive: Any, send: Any) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+def test_r26_only_a_presented_wrong_token_counts_and_a_valid_one_passes_a_limit() -> None:
+    """Issue 26: no credential is never a failure (a favicon, a bare GET, an empty header);
+    a presented wrong one is, and is a 429 once the client is limited; a valid token is
+    checked first and served whatever the client's failures."""
+    now = [0.0]
+    limiter = FailureLimiter(limit=3, window=60, clock=lambda: now[0])
+    guard = EdgeGuard(reached, TokenTable({READER: "read"}), limiter, max_body=1024)
+    for _ in range(20):
+        assert through_guard(guard, "/favicon.ico") == 200
+        assert through_guard(guard, "/favicon.svg") == 200
+        assert through_guard(guard, "/api/tasks") == 401
+        assert through_guard(guard, "/robots.txt", [" "]) == 401
+    assert len(limiter) == 0
+    for _ in range(3):
+        assert through_guard(guard, "/api/tasks", ["Bearer wrong-token-0123456789"]) == 401
+    assert through_guard(guard, "/api/tasks", ["Basic d3Jvbmc="]) == 429
+    assert through_guard(guard, "/api/tasks", ["Bearer wrong-token-0123456789"]) == 429
+    assert through_guard(guard, "/api/tasks", [f"Bearer {READER}"]) == 200
+    assert through_guard(guard, "/api/tasks", [f"Bearer {READER}"], client="10.0.0.2") == 200
+    assert through_guard(guard, "/api/tasks", ["Bearer wrong"], client="10.0.0.2") == 401
+    now[0] += 61
+    assert through_guard(guard, "/api/tasks", ["Bearer wrong-token-0123456789"]) == 401
+
+
+def test_r26_what_presents_a_credential_and_what_needs_a_token() -> None:
+    assert not presents_credential([]) and not presents_credential(["", "  "])
+    assert presents_credential(["Bearer x"]) and presents_credential(["junk"])
+    assert not takes_token("/favicon.ico") and not takes_token("/favicon.svg")
+    assert not takes_token("/healthz") and not takes_token("/console/rows")
+    assert takes_token("/favicon.ico/x") and takes_token("/api/tasks") and takes_token("/robots.txt")
+    limiter = FailureLimiter(limit=2, window=60, clock=lambda: 0.0)
+    assert wrong_credential(limiter, "a") is None and wrong_credential(limiter, "a") is None
+    refusal = wrong_credential(limiter, "a")
+    assert refusal is not None and refusal.status == 429 and refusal.headers["Retry-After"] == "60"
 
 
 def test_sessions_expire_and_are_bounded() -> None:

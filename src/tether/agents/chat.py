@@ -23,6 +23,9 @@ How it stays exactly right under interruption:
   tool that does not exist) are told back to it as those calls' results, while the valid
   calls of the same answer run; ``corrections`` answers in a row with such calls go to a
   person.
+- The tools offered are those in ``tools=`` when a plan starts: a sequence filled later
+  (:attr:`tether.integrations.mcp.MCPTools.registered`, filled when an app lifespan enters
+  the MCP session) is read again by every plan, and one plan offers and checks one list.
 - Memory (:mod:`tether.agents.memory`) is searched when the prompt is built and sent
   with that one request; it never enters the snapshot or the dialog.
 - The prompt fits the context (:mod:`tether.agents.prompt`): oversized rows are clipped
@@ -35,15 +38,15 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from tether.agent import Agent, CutOff, TaskView
+from tether.agent import CutOff, TaskView
 from tether.agents import prompt
+from tether.agents.base import ModelAgent
 from tether.agents.memory import Memory
 from tether.agents.model_calls import (
     ContextOverflow,
@@ -51,15 +54,14 @@ from tether.agents.model_calls import (
     RequestOptions,
     RetryPolicy,
     check_finish,
-    with_retries,
 )
 from tether.agents.schemas import tool_schema
 from tether.errors import ConfigurationError, MissingExtra, NeedsPerson
-from tether.model import Action, Finish, Reply, ToolCall, action_from_dict, action_to_dict
+from tether.model import Action, Finish, Reply, ToolCall
 from tether.tools import Tool
 
 try:
-    from openai import AsyncOpenAI, AsyncStream
+    from openai import AsyncOpenAI, AsyncStream, BadRequestError
     from openai.types.chat import ChatCompletionChunk
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise MissingExtra("ChatAgent needs the openai client", "openai") from exc
@@ -83,20 +85,46 @@ class Answer:
     """How long it took, retries included (for its ``model`` row)."""
 
 
-class ChatAgent(Agent):
-    """Plans each step by asking a chat-completions model, with the task's tools offered."""
+@dataclass(frozen=True)
+class Offer:
+    """The tools one plan offers the model: what ``tools=`` held when the plan started, and
+    how each is described to the model."""
 
-    commit_plans = True
+    given: tuple[Tool, ...]
+    tools: dict[str, Tool]
+    schemas: list[dict[str, Any]]
+
+    @classmethod
+    def of(cls, given: Iterable[Tool]) -> Offer:
+        tools = tuple(given)
+        return cls(tools, {tool.name: tool for tool in tools}, [tool_schema(t) for t in tools])
+
+    def holds(self, tools: Sequence[Tool]) -> bool:
+        """Whether *tools* are the very tools this offer was made of (not equal ones)."""
+        return len(tools) == len(self.given) and all(
+            a is b for a, b in zip(tools, self.given, strict=True))
+
+
+class ChatAgent(ModelAgent):
+    """Plans each step by asking a chat-completions model, with the task's tools offered.
+
+    *tools* is read when each plan starts, so a list filled after the agent is made (an
+    :class:`~tether.integrations.mcp.MCPTools`'s ``registered``, entered from an app
+    lifespan) is offered as it is then; a tool that cannot be described to a model is
+    refused when the agent is made if it is in the list by then, else by the plan.
+    """
+
     input_required = True
 
     def __init__(self, model: str | None = None, *, tools: Sequence[Tool] = (),
                  system: str = "You are a careful assistant. Use the tools when they help.",
                  base_url: str | None = None, api_key: str | None = None,
                  client: AsyncOpenAI | None = None, memory: Memory | None = None,
-                 stream: bool = True, timeout: float = 120.0, context_tokens: int = 100_000,
+                 stream: bool | None = None, timeout: float = 120.0, context_tokens: int = 100_000,
                  keep_recent: int = 12, memory_hits: int = 5,
                  options: RequestOptions | None = None, retry: RetryPolicy | None = None,
                  corrections: int = 2, limits: Sequence[str] = ()) -> None:
+        super().__init__(retry=retry, stream=stream, version=self.version)
         self.model = model or os.environ.get("OPENAI_MODEL") or ""
         self.limits = tuple(limits)
         if not self.model:
@@ -108,39 +136,50 @@ class ChatAgent(Agent):
             base_url=base_url or os.environ.get("OPENAI_BASE_URL"),
             api_key=api_key or os.environ.get("OPENAI_API_KEY") or "not-needed",
             max_retries=0, timeout=timeout + 5)  # ours fires first, and says which it was
-        self.tools = {tool.name: tool for tool in tools}
-        self.schemas = [tool_schema(tool) for tool in tools]
+        self._given: Sequence[Tool] = tools if isinstance(tools, Sequence) else tuple(tools)
+        self._offer = Offer.of(self._given)  # described now: a bad tool is refused at once
         self.system = system
         self.memory = memory
-        self.stream = stream
         self.timeout = timeout
         self.options = options or RequestOptions()
-        self.retry = retry or RetryPolicy()
         self.budget = prompt.ContextBudget(context_tokens, self.options.max_tokens or 0)
         self.keep_recent = keep_recent
         self.memory_hits = memory_hits
         self.corrections = corrections
 
-    async def plan(self, task: TaskView) -> Action:
-        queued = task.scratch.get("queued") or []
-        if queued:  # the rest of an answer already paid for: no new completion
-            task.scratch["queued"] = queued[1:]
-            return action_from_dict(queued[0])
-        answer, calls = await self._usable_answer(task)
+    @property
+    def tools(self) -> dict[str, Tool]:
+        """The tools offered now, by name (the ``tools=`` sequence as it is now)."""
+        return self.offer().tools
+
+    @property
+    def schemas(self) -> list[dict[str, Any]]:
+        """How the tools offered now are described to the model (``tools=[...]`` entries)."""
+        return self.offer().schemas
+
+    def offer(self) -> Offer:
+        """The tools ``tools=`` holds now, described; made again only when they changed."""
+        offer = self._offer
+        if not offer.holds(self._given):
+            offer = self._offer = Offer.of(self._given)
+        return offer
+
+    async def plan(self, task: TaskView) -> Action | list[Action]:
+        answer, calls = await self._usable_answer(task, self.offer())
         actions: list[Action] = [Reply(answer.text)] if answer.text and calls else []
         actions += [ToolCall(c["name"], c["arguments"]) for c in calls]
         if not actions:
             return Finish(answer.text)
-        task.scratch["queued"] = [action_to_dict(a) for a in actions[1:]]
-        return actions[0]
+        return actions  # the engine holds the answer: a newer message may set it aside
 
-    async def _usable_answer(self, task: TaskView) -> tuple[Answer, list[dict[str, Any]]]:
-        """An answer and its valid calls. Calls that cannot be made are told back to the
-        model (the ``model`` row's ``rejected``); with no valid call left it is asked again
-        at once, up to ``corrections`` times in a row."""
+    async def _usable_answer(self, task: TaskView,
+                             offer: Offer) -> tuple[Answer, list[dict[str, Any]]]:
+        """An answer and its valid calls (judged by the tools *offer* offered). Calls that
+        cannot be made are told back to the model (the ``model`` row's ``rejected``); with
+        no valid call left it is asked again at once, up to ``corrections`` times in a row."""
         while True:
-            answer = await self._answer(task)
-            calls, rejected = self._sort_calls(answer.calls)
+            answer = await self._answer(task, offer)
+            calls, rejected = self._sort_calls(answer.calls, offer)
             task.record_completion(self.model, usage=answer.usage,
                                    finish_reason=answer.finish_reason,
                                    seconds=answer.seconds, rejected=rejected,
@@ -159,12 +198,12 @@ class ChatAgent(Agent):
 
     # ------------------------------------------------------------------ tool calls
 
-    def _sort_calls(self, raw: list[dict[str, str]]) -> tuple[list[dict[str, Any]],
-                                                                list[dict[str, str]]]:
+    def _sort_calls(self, raw: list[dict[str, str]],
+                    offer: Offer) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
         """The calls that can be made, and the others with what is wrong with each."""
         valid, rejected = [], []
         for index, call in enumerate(raw):
-            arguments, problem = self._check_call(call["name"], call["arguments"])
+            arguments, problem = self._check_call(call["name"], call["arguments"], offer)
             if problem is None:
                 valid.append({"name": call["name"], "arguments": arguments})
             else:
@@ -173,10 +212,11 @@ class ChatAgent(Agent):
                                  "error": problem})
         return valid, rejected
 
-    def _check_call(self, name: str, arguments: str) -> tuple[dict[str, Any], str | None]:
-        tool = self.tools.get(name)
+    def _check_call(self, name: str, arguments: str,
+                    offer: Offer) -> tuple[dict[str, Any], str | None]:
+        tool = offer.tools.get(name)
         if tool is None:
-            known = ", ".join(sorted(self.tools)) or "none"
+            known = ", ".join(sorted(offer.tools)) or "none"
             return {}, f"there is no tool named {name[:100]!r}; the tools are: {known}."
         try:
             args = orjson.loads(arguments or "{}")
@@ -184,7 +224,7 @@ class ChatAgent(Agent):
             return {}, f"the arguments for {name} are not valid JSON ({exc})."
         if not isinstance(args, dict):
             return {}, f"the arguments for {name} must be a JSON object, not {type(args).__name__}."
-        params = next(s for s in self.schemas if s["function"]["name"] == name)["function"]
+        params = next(s for s in offer.schemas if s["function"]["name"] == name)["function"]
         known_args = params["parameters"].get("properties", {})
         missing = [a for a in params["parameters"].get("required", []) if a not in args]
         unknown = [a for a in args if a not in known_args]
@@ -197,14 +237,14 @@ class ChatAgent(Agent):
 
     # ------------------------------------------------------------------ the prompt
 
-    async def _answer(self, task: TaskView) -> Answer:
-        """A completion for the task as it stands, shrinking the prompt if the server says
-        it does not fit."""
+    async def _answer(self, task: TaskView, offer: Offer) -> Answer:
+        """A completion for the task as it stands, with *offer*'s tools, shrinking the
+        prompt if the server says it does not fit."""
         for shrink in range(SHRINKS + 1):
             await self._fit_context(task)
             messages = await self._prompt(task)
             try:
-                return await self._complete(messages)
+                return await self._complete(messages, offer.schemas)
             except ContextOverflow as overflow:
                 if shrink == SHRINKS:
                     raise
@@ -247,7 +287,7 @@ class ChatAgent(Agent):
                 return
             older = [m for row in rows[:chunk] for m in prompt.messages(row, limit)]
             request = prompt.summary_request(task.scratch.get("summary"), task.input, older)
-            answer = await self._complete(request, offer_tools=False)
+            answer = await self._complete(request, [])
             task.record_completion(self.model, usage=answer.usage, seconds=answer.seconds,
                                    finish_reason=answer.finish_reason)
             task.scratch["summary"] = answer.text
@@ -256,20 +296,27 @@ class ChatAgent(Agent):
     # ------------------------------------------------------------------ the model call
 
     async def _complete(self, messages: list[dict[str, Any]],
-                        offer_tools: bool = True) -> Answer:
-        fields = self.options.fields(self.schemas if offer_tools else [], self.stream)
-        started = time.monotonic()
-        answer = await with_retries(lambda: self._attempt(messages, fields), self.retry,
-                                    f"model {self.model}", shared=bool(self.limits))
-        answer.seconds = time.monotonic() - started
+                        schemas: list[dict[str, Any]]) -> Answer:
+        """One completion, offering the tools *schemas* describe (none: a summary)."""
+        fields = self.options.fields(schemas, self.streams())
+        answer, seconds = await self.request(lambda: self._attempt(messages, fields),
+                                             f"model {self.model}")
+        answer.seconds = seconds
         return answer
 
     async def _attempt(self, messages: list[dict[str, Any]], fields: dict[str, Any]) -> Answer:
         """One request, within the timeout."""
         try:
             async with asyncio.timeout(self.timeout) as deadline:
-                if self.stream:
-                    return await self._streamed(messages, fields, deadline)
+                if self.streams():
+                    try:
+                        return await self._streamed(messages, fields, deadline)
+                    except BadRequestError as error:  # "'stream' is not supported"
+                        if "stream" not in str(error).lower() \
+                                or not self.learn_cannot_stream(error):
+                            raise
+                        fields = {k: v for k, v in fields.items()
+                                  if k not in ("stream", "stream_options")}
                 response = await self.client.chat.completions.create(
                     model=self.model, messages=messages, **fields)  # type: ignore[arg-type]
         except TimeoutError:

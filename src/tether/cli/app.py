@@ -46,9 +46,17 @@ def load_app(spec: str, store: str, store_given: bool = True) -> tt.Harness:
         raise click.UsageError(str(exc)) from exc
 
 
-def app_harness(ctx: click.Context) -> tt.Harness:
-    """The harness of the app the command line names (``--app``, ``--store``)."""
+def app_harness(ctx: click.Context, steers: bool = False) -> tt.Harness:
+    """The harness of the app the command line names (``--app``, ``--store``).
+
+    A command that steers tasks (a lever, the server) without an app named explicitly gets
+    a harness with no code at all, never the built-in examples: another app's agents and
+    tools of the same names would judge the user's tasks by the wrong rules (run the
+    examples' reconcile hook on the user's call, say). Such a harness stores the lever, and
+    the task's own workers apply it."""
     obj = ctx.find_root().obj
+    if steers and not obj["app_given"]:
+        return tt.Harness(obj["store"])
     return load_app(obj["app"], obj["store"], obj["store_given"])
 
 
@@ -56,6 +64,18 @@ def harness_command(fn: Command[T]) -> Callable[..., T]:
     """Run an async command with the app's harness (closed afterwards); tether's errors
     become one clear line and exit status 1."""
     return _run_with_harness(fn, reads_only=False, serves=False)
+
+
+def steering_command(fn: Command[T]) -> Callable[..., T]:
+    """A :func:`harness_command` that pulls a lever: without ``--app`` (or ``TETHER_APP``) it
+    runs with no code of any app (see :func:`app_harness`)."""
+    return _run_with_harness(fn, reads_only=False, serves=False, steers=True)
+
+
+def server_command(fn: Command[T]) -> Callable[..., T]:
+    """A :func:`serving_command` whose API pulls levers: without ``--app`` it has no code of
+    any app (see :func:`app_harness`)."""
+    return _run_with_harness(fn, reads_only=False, serves=True, steers=True)
 
 
 def reading_command(fn: Command[T]) -> Callable[..., T]:
@@ -71,12 +91,13 @@ def serving_command(fn: Command[T]) -> Callable[..., T]:
     return _run_with_harness(fn, reads_only=False, serves=True)
 
 
-def _run_with_harness(fn: Command[T], *, reads_only: bool, serves: bool) -> Callable[..., T]:
+def _run_with_harness(fn: Command[T], *, reads_only: bool, serves: bool,
+                      steers: bool = False) -> Callable[..., T]:
     @functools.wraps(fn)
     @click.pass_context
     def wrapper(ctx: click.Context, *args: Any, **kwargs: Any) -> T:
         async def with_harness() -> T:
-            harness = app_harness(ctx)
+            harness = app_harness(ctx, steers)
             try:
                 if reads_only and not ctx.find_root().obj["store_given"]:
                     refuse_missing_default_store(harness)

@@ -12,10 +12,11 @@ from typing import Any
 import click
 
 import tether as tt
-from tether.cli.app import harness_command, json_arg, json_option, who
+from tether.cli.app import harness_command, json_arg, json_option, steering_command, who
 from tether.cli.render import echo
-from tether.engine.decisions import DECISIONS
+from tether.engine.calls import DECISIONS
 from tether.engine.inbox import MAX_NAME
+from tether.harness import TaskInfo
 from tether.model import EventStatus
 from tether.protocol import CONTROL_EVENTS, RESERVED_EVENTS
 from tether.strategies import Strategy
@@ -81,19 +82,24 @@ def _check_event_type(harness: tt.Harness, event_type: str, priority: int | None
               callback=lambda _c, _p, v: None if v is None else (json_arg(v, "--input"),),
               help="A corrected input for the task, in place of the one it was submitted with"
                    " (the old one stays in its history).")
-@harness_command
+@click.option("--earlier-result", is_flag=True,
+              help="For a task holding a repeat of a side effect that already succeeded: do not"
+                   " run it, answer the agent with the earlier identical call's result.")
+@steering_command
 async def resume(harness: tt.Harness, task_id: str, message: str | None,
-                 patch: dict[str, Any] | None, new_input: tuple[Any] | None) -> None:
+                 patch: dict[str, Any] | None, new_input: tuple[Any] | None,
+                 earlier_result: bool) -> None:
     """Resume a paused, parked or failed task.
 
     A task whose side-effecting call has an unknown outcome is not resumed: say what happened
     with `decide` instead, so the call is never repeated blindly. A task submitted with the
     wrong input is repaired with --input: the agent plans again from where it stopped, and
-    what already happened is not repeated.
+    what already happened is not repeated. A task holding a repeat of a side effect runs it
+    when resumed, or answers it from the earlier call with --earlier-result.
     """
     corrected = {} if new_input is None else {"input": new_input[0]}
     receipt = await harness.resume(task_id, message=message, frame_patch=patch, by=who(),
-                                   **corrected)
+                                   earlier_result=earlier_result, **corrected)
     await report_lever(harness, task_id, receipt, "resume")
 
 
@@ -102,15 +108,23 @@ async def resume(harness: tt.Harness, task_id: str, message: str | None,
 @click.argument("outcome", type=click.Choice(DECISIONS))
 @click.option("--result", "result", metavar="JSON", callback=json_option,
               help="With 'happened': the call's result, as the agent will see it.")
-@harness_command
-async def decide(harness: tt.Harness, task_id: str, outcome: str, result: Any) -> None:
+@click.option("--key", help="The key of the call you looked at (`tether show`); refused if the"
+                            " call in doubt is another by now.")
+@click.option("--attempt", type=click.IntRange(min=0),
+              help="Its attempt, as shown; refused if the call was attempted again since.")
+@click.option("--etag", help="The etag `tether show` printed; refused if the task is no longer"
+                             " as shown (e.g. its worker died since you saw the call running).")
+@steering_command
+async def decide(harness: tt.Harness, task_id: str, outcome: str, result: Any,
+                 key: str | None, attempt: int | None, etag: str | None) -> None:
     """Say what became of a call whose outcome is unknown, and carry on.
 
     happened: it took effect (its result is --result); nothing is run again.
     not_happened: it did not; it runs now, with the same idempotency key.
     skip: drop it; the agent sees it was skipped.
     """
-    receipt = await harness.decide(task_id, outcome, result, by=who())
+    receipt = await harness.decide(task_id, outcome, result, by=who(), key=key, attempt=attempt,
+                                   etag=etag)
     await report_lever(harness, task_id, receipt, f"decide {outcome}")
 
 
@@ -120,7 +134,7 @@ async def decide(harness: tt.Harness, task_id: str, outcome: str, result: Any) -
               help="A kept version (see `versions`).")
 @click.option("--redo-side-effects", is_flag=True,
               help="Run the side-effecting calls made after that version again.")
-@harness_command
+@steering_command
 async def rollback(harness: tt.Harness, task_id: str, version: int, redo_side_effects: bool) -> None:
     """Roll a task back to a kept version."""
     receipt = await harness.rollback(task_id, version, redo_side_effects=redo_side_effects,
@@ -130,7 +144,7 @@ async def rollback(harness: tt.Harness, task_id: str, version: int, redo_side_ef
 
 @click.command()
 @click.argument("task_id")
-@harness_command
+@steering_command
 async def cancel(harness: tt.Harness, task_id: str) -> None:
     """Cancel a task (a side-effecting call in flight is let finish first)."""
     receipt = await harness.cancel(task_id, by=who())
@@ -144,7 +158,7 @@ async def cancel(harness: tt.Harness, task_id: str) -> None:
 @click.option("--id", "new_task_id", help="The fork's id (default: generated).")
 @click.option("--redo-side-effects", is_flag=True,
               help="Make the call open at that version again, even if the task made it.")
-@harness_command
+@steering_command
 async def fork(harness: tt.Harness, task_id: str, version: int | None, new_task_id: str | None,
                redo_side_effects: bool) -> None:
     """Start a new task from a kept version of TASK_ID, which stays as it is.
@@ -161,7 +175,7 @@ async def fork(harness: tt.Harness, task_id: str, version: int | None, new_task_
 @click.command()
 @click.argument("task_id")
 @click.option("--yes", is_flag=True, help="Do not ask; delete.")
-@harness_command
+@steering_command
 async def delete(harness: tt.Harness, task_id: str, yes: bool) -> None:
     """Delete a task and everything it stored, for good.
 
@@ -179,6 +193,22 @@ async def delete(harness: tt.Harness, task_id: str, yes: bool) -> None:
 LEVERS = (emit, resume, decide, rollback, cancel, fork, delete)
 
 
+def _who_applies(harness: tt.Harness, info: TaskInfo) -> str:
+    """Who will apply a lever left queued: the worker holding the task, or, when this process
+    lacks the task's code, a worker that has it."""
+    held = info.record.holder()
+    if held is not None:
+        return f"worker {held}, which holds the task, applies it at its next step"
+    lacking = harness.lacks_code(info.snapshot)
+    if lacking:
+        hint = ("the app named here is not the task's" if harness.agents
+                else "name the task's app with --app to apply it from here")
+        return ("this process does not have the task's code (" + "; ".join(lacking) + "), so"
+                f" it does not apply the lever itself: a worker running the task's app applies it"
+                f" ({hint})")
+    return "a worker applies it when it next claims the task"
+
+
 async def report_lever(harness: tt.Harness, task_id: str, receipt: tt.EmitReceipt,
                        what: str) -> None:
     """Say what became of a lever: applied (and the status now), queued, or refused and why."""
@@ -186,8 +216,8 @@ async def report_lever(harness: tt.Harness, task_id: str, receipt: tt.EmitReceip
                  if e.event.id == receipt.event_id)
     info = await harness.get(task_id)
     if event.status == EventStatus.PENDING:
-        echo(f"{task_id}: {what} queued; the worker holding the task applies it at its next"
-             f" step (now {info.record.status.value})")
+        echo(f"{task_id}: {what} queued; {_who_applies(harness, info)}"
+             f" (now {info.record.status.value})")
         return
     records = [r for r in await harness.reads.recovery_log(task_id)
                if r.get("event_id") == receipt.event_id]

@@ -62,7 +62,7 @@ from tether.cli.render import (
     visible_logs,
 )
 from tether.cli.schedules import schedule
-from tether.cli.serve import serve
+from tether.cli.serve import lifespans_until, serve
 from tether.cli.watch import watch
 from tether.store import DEFAULT_URL, open_store
 
@@ -83,7 +83,8 @@ def main(ctx: click.Context, store: str, cache: str | None, app: str) -> None:
         os.environ["TETHER_CACHE"] = cache  # every harness this command builds uses it
     source = ctx.get_parameter_source("store")
     ctx.obj = {"store": store, "app": app, "cache": cache,
-               "store_given": source is not click.core.ParameterSource.DEFAULT}
+               "store_given": source is not click.core.ParameterSource.DEFAULT,
+               "app_given": ctx.get_parameter_source("app") is not click.core.ParameterSource.DEFAULT}
 
 
 @main.command()
@@ -154,6 +155,12 @@ async def worker(harness: tt.Harness, concurrency: int, until_idle: bool,
     redone), side-effecting calls finish within the drain timeout, every task is
     committed and released, and the worker exits 0. A second signal exits at once;
     its tasks are then recovered by other workers when their leases expire.
+
+    The app's lifespans (@harness.lifespan) are entered before the first claim and left
+    after the drain. One that raises on enter stops the worker with exit status 1 before
+    it claims anything; one that raises on exit makes the exit status 1. SIGTERM or Ctrl-C
+    while one is still starting (a server that never answers) cancels that start, leaves
+    the lifespans started before it and exits 1, naming it.
     """
     await probe_store(harness, warn=False)  # the worker logs an outage itself, and rides it out
     if drain_timeout is not None:
@@ -161,19 +168,35 @@ async def worker(harness: tt.Harness, concurrency: int, until_idle: bool,
     if degraded:
         harness.degrade({"reason": degraded})
     stop = asyncio.Event()
+    signals: list[str] = []
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, _on_stop_signal, stop, signum, harness)
+        loop.add_signal_handler(signum, _on_stop_signal, stop, signum, harness, signals)
+    with visible_logs(harness.log):
+        if harness.lifespans:
+            echo(f"worker {harness.worker_id}: entering the app's lifespans"
+                 f" ({', '.join(harness.lifespans)})", err=True)
+        # A signal while one is still starting cuts that start: a LifespanFailed naming it,
+        # as one that raised on enter is, is the command's error.
+        async with lifespans_until(harness, stop, signals):
+            await _work(harness, concurrency, until_idle, stop, events)
+        if harness.lifespans:
+            echo(f"worker {harness.worker_id}: left the app's lifespans", err=True)
+
+
+async def _work(harness: tt.Harness, concurrency: int, until_idle: bool, stop: asyncio.Event,
+                events: str | None) -> None:
+    """The worker of ``tether worker``, in the app's lifespans: claim and run until stopped
+    (or idle), then drain."""
     echo(f"worker {harness.worker_id} serving (concurrency {concurrency});"
          " SIGTERM drains, a second one exits at once", err=True)
     ingest = _stream_ingest(harness, events) if events else None
     feeding = asyncio.create_task(ingest.run(stop)) if ingest else None
     try:
-        with visible_logs(harness.log):
-            if until_idle:
-                await harness.run_until_idle(concurrency=concurrency, stop=stop)
-            else:
-                await harness.serve(concurrency=concurrency, stop=stop)
+        if until_idle:
+            await harness.run_until_idle(concurrency=concurrency, stop=stop)
+        else:
+            await harness.serve(concurrency=concurrency, stop=stop)
     finally:
         stop.set()
         if feeding is not None and ingest is not None:
@@ -188,13 +211,20 @@ def _stream_ingest(harness: tt.Harness, url: str) -> Any:
     return StreamIngest(harness, url)
 
 
-def _on_stop_signal(stop: asyncio.Event, signum: int, harness: tt.Harness) -> None:
+def _on_stop_signal(stop: asyncio.Event, signum: int, harness: tt.Harness,
+                    signals: list[str]) -> None:
     name = signal.Signals(signum).name
     if stop.is_set():
         click.echo(f"{name} again: exiting now; other workers recover this worker's tasks when"
                    f" their leases expire (lease_seconds={harness.settings.lease_seconds})",
                    err=True)
         os._exit(128 + signum)
+    signals.append(name)
+    if harness.lifespans and not harness.lifespan_entered:
+        click.echo(f"{name}: stopping: the app's lifespans have not finished starting, so the"
+                   " start in flight is cancelled; send it again to exit at once", err=True)
+        stop.set()
+        return
     click.echo(f"{name}: draining (up to {harness.settings.drain_timeout}s for steps in"
                f" flight); send it again to exit at once", err=True)
     stop.set()
@@ -260,11 +290,11 @@ async def show(harness: tt.Harness, task_id: str, as_json: bool) -> None:
     info = await harness.get(task_id)
     snap = info.snapshot
     if as_json:
-        print_json({"version": info.version, "reason": info.record.reason,
+        print_json({"version": info.version, "etag": info.etag, "reason": info.record.reason,
                     "wake_at": info.record.wake_at, "snapshot": orjson.loads(snap.dumps())})
         return
     say((task_id, "bold"), " ", snap.agent, "  status ", (snap.status.value, "bold"),
-        f"  step {snap.step}  version {info.version}")
+        f"  step {snap.step}  version {info.version}  etag {info.etag}")
     say("input: ", shown(snap.input, limit=SHOWN_CHARS))
     if info.record.reason:
         say("reason: ", info.record.reason)
@@ -476,14 +506,16 @@ def torture(app: str, agent: str, task_input: Any, seeds: int, seed: int | None,
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def protocol(ctx: click.Context, as_json: bool) -> None:
-    """Print the interruption protocol: each event type's priority and coalescing class."""
+    """Print the interruption protocol: each event type's priority, coalescing class, and
+    whether it sets aside the not-started calls of the answer being carried out."""
     rules = app_harness(ctx).protocol.table()
     if as_json:
-        print_json({k: {"priority": int(r.priority), "coalesce": r.coalesce}
-                    for k, r in rules.items()})
+        print_json({k: {"priority": int(r.priority), "coalesce": r.coalesce,
+                        "supersedes": r.supersedes} for k, r in rules.items()})
         return
-    table(("event type", "priority", "coalescing class"),
-          ((name, f"P{int(rule.priority)}", rule.coalesce or "-")
+    table(("event type", "priority", "coalescing class", "sets the answer aside"),
+          ((name, f"P{int(rule.priority)}", rule.coalesce or "-",
+            "yes" if rule.supersedes else "-")
            for name, rule in sorted(rules.items(), key=lambda kv: (kv[1].priority, kv[0]))))
 
 

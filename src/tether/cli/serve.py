@@ -5,6 +5,10 @@ Ctrl-C itself rather than leaving them to uvicorn (which would re-raise the sign
 stopped, killing the process before the worker in it drained its tasks): the first signal
 closes the live streams, lets requests in flight finish for :data:`GRACE_SECONDS`, drains
 the worker, and prints a last line; a second one exits at once.
+
+:func:`lifespans_until` enters the app's lifespans for it and for ``tether worker``: a
+signal that comes while one is still starting (an MCP server that never answers) cuts that
+start short, instead of waiting for it.
 """
 
 from __future__ import annotations
@@ -13,13 +17,13 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import click
 
 import tether as tt
-from tether.cli.app import probe_store, serving_command
+from tether.cli.app import probe_store, server_command
 from tether.cli.render import say, visible_logs
 
 GRACE_SECONDS = 5
@@ -43,10 +47,15 @@ GRACE_SECONDS = 5
 @click.option("--with-worker", is_flag=True, help="Also run a worker in this process.")
 @click.option("--concurrency", type=click.IntRange(min=1), default=4, show_default=True,
               help="Tasks that worker runs at once.")
-@serving_command
+@server_command
 async def serve(harness: tt.Harness, host: str, port: int, tokens: str, webhook_secrets: str,
                 forwarded_allow_ips: str | None, with_worker: bool, concurrency: int) -> None:
-    """Serve the HTTP API and the console (and, with --with-worker, run tasks too)."""
+    """Serve the HTTP API and the console (and, with --with-worker, run tasks too).
+
+    With --with-worker the app's lifespans (@harness.lifespan) are entered before the server
+    listens and left after its worker drained; one that raises on enter stops the command
+    with exit status 1 before anything is served or claimed.
+    """
     import uvicorn
 
     from tether.web.server import ServerConfig, create_app
@@ -54,24 +63,109 @@ async def serve(harness: tt.Harness, host: str, port: int, tokens: str, webhook_
     config = ServerConfig.from_text(tokens, webhook_secrets)
     if not config.tokens:
         raise click.UsageError("give at least one token (--tokens or TETHER_TOKENS)")
+    if with_worker and not harness.agents:
+        raise click.UsageError("--with-worker runs tasks, so it needs the app's code: name it"
+                               " with --app module:harness or TETHER_APP (the built-in"
+                               " examples: --app tether.examples:demo_app)")
     await probe_store(harness, warn=True)
     app = create_app(harness, config)
     server = _server_class()(uvicorn.Config(
         app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=GRACE_SECONDS,
         proxy_headers=forwarded_allow_ips is not None, forwarded_allow_ips=forwarded_allow_ips))
     stop = asyncio.Event()
-    worker = asyncio.create_task(harness.serve(concurrency, stop=stop)) if with_worker else None
+    signals: list[str] = []
+    with visible_logs(harness.log), _stop_signals(server, app.state.streams, stop, signals):
+        # The worker's lifespans are entered before the server listens (a lever it applies may
+        # need their tools) and left after the worker drained; the API alone enters none.
+        async with _lifespans(harness, with_worker, stop, signals):
+            if stop.is_set():  # a signal came while the lifespans were entered
+                return
+            worker = asyncio.create_task(harness.serve(concurrency, stop=stop)) \
+                if with_worker else None
+            try:
+                serving = asyncio.create_task(server.serve())
+                await _announce(server, serving, with_worker)
+                await serving
+            finally:
+                stop.set()
+                if worker is not None:
+                    await worker
+                say("tether serve stopped" + (": its worker released its tasks"
+                                              if with_worker else ""), err=True)
+
+
+@contextlib.asynccontextmanager
+async def _lifespans(harness: tt.Harness, with_worker: bool, stop: asyncio.Event,
+                     signals: list[str]) -> AsyncIterator[None]:
+    """The app's lifespans around the server and its worker (``--with-worker`` only)."""
+    if not with_worker:
+        yield
+        return
+    if harness.lifespans:
+        say(f"entering the app's lifespans ({', '.join(harness.lifespans)})", err=True)
+    async with lifespans_until(harness, stop, signals):  # a LifespanFailed: the command's error
+        yield
+    if harness.lifespans:
+        say("left the app's lifespans", err=True)
+
+
+@contextlib.asynccontextmanager
+async def lifespans_until(harness: tt.Harness, stop: asyncio.Event,
+                          signals: Sequence[str] = ()) -> AsyncIterator[None]:
+    """The app's lifespans (:meth:`tether.Harness.lifespan_context`) for the block, unless
+    *stop* is set while they are still starting: then the start in flight is cancelled (its
+    lifespan's own cleanup runs, an MCP server being connected to is stopped), the lifespans
+    entered before it are left in reverse, and :class:`tether.LifespanFailed` names the one
+    that did not finish starting and the signal (the last of *signals*); the block does not
+    run. Once they are entered, *stop* is the block's business (the worker drains)."""
+    if not harness.lifespans:  # nothing that could hang: the block's own business
+        async with harness.lifespan_context():
+            yield
+        return
+    context = harness.lifespan_context()
+    entering = asyncio.ensure_future(context.__aenter__())
+    stopped = asyncio.ensure_future(stop.wait())
     try:
-        with visible_logs(harness.log), _stop_signals(server, app.state.streams, stop):
-            serving = asyncio.create_task(server.serve())
-            await _announce(server, serving, with_worker)
-            await serving
+        await asyncio.wait({entering, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # this command was cancelled: the start goes with it
+        entering.cancel()
+        with contextlib.suppress(BaseException):
+            await entering
+        raise
     finally:
-        stop.set()
-        if worker is not None:
-            await worker
-        say("tether serve stopped" + (": its worker released its tasks" if with_worker else ""),
-            err=True)
+        stopped.cancel()
+    if not entering.done():
+        name = _lifespan_starting(harness)
+        entering.cancel()
+        with contextlib.suppress(asyncio.CancelledError):  # a LifespanFailed of its own wins
+            await entering
+        if entering.cancelled():
+            what = (f"lifespan {name!r}" if name else
+                    f"one of the app's lifespans ({', '.join(harness.lifespans)})")
+            raise tt.LifespanFailed(
+                f"{what} did not finish starting before {signals[-1] if signals else 'the stop'}"
+                ": its start was cancelled and the lifespans started before it were left; the"
+                " workers did not start and no task was claimed")
+    entering.result()  # the LifespanFailed of a lifespan that raised on enter
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_exit(context)  # entered above: left here, the block's error given
+        yield
+
+
+def _lifespan_starting(harness: tt.Harness) -> str | None:
+    """The name of the lifespan whose start is in flight, or None if it cannot be told.
+
+    :class:`tether.Harness` does not say it; the frame of its lifespan task does (the
+    ``name`` being entered by ``_Lifespans._own``), read only to name it in an error."""
+    lifespans = getattr(harness, "_lifespans", None)
+    for task in asyncio.all_tasks():
+        frame = getattr(task.get_coro(), "cr_frame", None)
+        if frame is None or frame.f_code.co_name != "_own" \
+                or frame.f_locals.get("self") is not lifespans:
+            continue
+        name = frame.f_locals.get("name")
+        return name if isinstance(name, str) else None
+    return None
 
 
 def _server_class() -> type[Any]:
@@ -88,11 +182,12 @@ def _server_class() -> type[Any]:
 
 
 @contextlib.contextmanager
-def _stop_signals(server: Any, streams: Any, stop: asyncio.Event) -> Iterator[None]:
+def _stop_signals(server: Any, streams: Any, stop: asyncio.Event,
+                  signals: list[str]) -> Iterator[None]:
     loop = asyncio.get_running_loop()
     handled = (signal.SIGINT, signal.SIGTERM)
     for signum in handled:
-        loop.add_signal_handler(signum, _on_signal, server, streams, stop, signum)
+        loop.add_signal_handler(signum, _on_signal, server, streams, stop, signals, signum)
     try:
         yield
     finally:
@@ -100,11 +195,13 @@ def _stop_signals(server: Any, streams: Any, stop: asyncio.Event) -> Iterator[No
             loop.remove_signal_handler(signum)
 
 
-def _on_signal(server: Any, streams: Any, stop: asyncio.Event, signum: int) -> None:
+def _on_signal(server: Any, streams: Any, stop: asyncio.Event, signals: list[str],
+               signum: int) -> None:
     name = signal.Signals(signum).name
     if server.should_exit:
         say(f"{name} again: exiting now", err=True)
         os._exit(128 + signum)
+    signals.append(name)
     closed = streams.close()
     say(f"{name}: stopping: {closed} live stream(s) closed (readers reconnect to the next"
         f" server), up to {GRACE_SECONDS}s for requests in flight; send it again to exit at"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tether import dialog
 from tether.engine.task import RunningTask
 from tether.model import Event, Snapshot, Status
 from tether.strategies import Strategy
@@ -56,7 +57,7 @@ def follow_worker(task: RunningTask) -> None:
         return
     snap.worker_degraded = wanted
     kind = "degrade" if wanted else "recover"
-    task.append_history({"role": "system", "event": kind, "scope": "worker", "content": wanted})
+    task.append_history(dialog.system(kind, scope="worker", content=wanted))
     task.log_recovery(Strategy(kind), detail=f"worker: {wanted}")
     _follow(task, None)
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from tether.engine import degrade, levers, recovery, timers
+from tether import dialog
+from tether.engine import answers, calls, degrade, levers, recovery, timers
 from tether.engine.task import RunningTask, clean_up_resources, end_wait, hand_to_person
 from tether.errors import StoreUnavailable, TetherError
 from tether.model import (
@@ -29,6 +30,7 @@ from tether.model import (
 from tether.protocol import CONTROL_EVENTS
 from tether.store import StoredEvent
 from tether.strategies import Strategy
+from tether.tools import describe_error, traceback_text
 
 
 async def apply_event(task: RunningTask, stored: StoredEvent) -> EventStatus | None:
@@ -45,6 +47,11 @@ async def apply_event(task: RunningTask, stored: StoredEvent) -> EventStatus | N
         except TetherError as error:
             task.log_recovery(Strategy.lever_failed(event.type), event.id, str(error))
             return EventStatus.FAILED
+        except Exception as error:  # a lever's payload or state tether did not foresee
+            task.log_recovery(Strategy.lever_failed(event.type), event.id,
+                              f"could not be applied: {describe_error(error)}",
+                              traceback=traceback_text(error))
+            return EventStatus.FAILED  # failed once, recorded; never retried in a loop
         return EventStatus.APPLIED
     if snap.status is Status.NEEDS_HUMAN:
         return None  # stays pending: applied after a person resumes, never dropped (E2)
@@ -74,7 +81,7 @@ async def _control(task: RunningTask, event: Event) -> None:
     elif event.type == "resume":
         await levers.human_resume(task, event)
     elif event.type == "decide":
-        await levers.human_decide(task, event)
+        await calls.human_decide(task, event)
     else:
         await levers.rollback(task, event)
 
@@ -82,7 +89,7 @@ async def _control(task: RunningTask, event: Event) -> None:
 def _cancel(task: RunningTask, event: Event) -> None:
     if task.snap.status.is_terminal:
         return
-    task.append_history({"role": "event", "type": "cancel", "content": event.payload})
+    task.append_history(dialog.event("cancel", event.payload, event.id))
     task.snap.call = None
     task.set_status(Status.CANCELLED)
     clean_up_resources(task)
@@ -92,7 +99,9 @@ async def _deliver(task: RunningTask, event: Event, priority: int) -> None:
     """Record a P0-P2 event in the dialog, end a matching wait, and ask the agents."""
     snap = task.snap
     assert event.id is not None
-    task.append_history(_history_entry(event))
+    if task.supersedes(event.type):
+        _set_aside_for(task, event)
+    task.append_history(dialog.event(event.type, event.payload, event.id))
     waiting = next((f for f in reversed(snap.stack)
                     if f.wait and f.wait["event_type"] == event.type
                     and not _too_late(f.wait, event)), None)
@@ -111,6 +120,15 @@ async def _deliver(task: RunningTask, event: Event, priority: int) -> None:
         task.log_recovery(Strategy.PAUSE, event.id, f"{event.type}: paused, to-do list kept")
     elif priority == Priority.P2:
         recovery.retry_now(task, event)
+
+
+def _set_aside_for(task: RunningTask, event: Event) -> None:
+    """A newer message: the rest of the answer being carried out is not run (its calls are
+    answered "not run" in the dialog before the message), so the agent plans with it first."""
+    dropped = answers.set_aside(task, event.id)
+    if dropped:
+        task.log_recovery(Strategy.ANSWER_SET_ASIDE, event.id,
+                          f"{event.type} arrived first: not run {', '.join(dropped)}")
 
 
 async def _offer(task: RunningTask, event: Event) -> bool | None:
@@ -176,14 +194,19 @@ def _cancel_subtasks(task: RunningTask, frame: Frame, by: str, reason: str,
 
 
 def _replan(task: RunningTask, frame: Frame, event: Event) -> None:
-    """Forget what the frame had recorded but not started, so its agent plans again."""
+    """Forget what the frame had recorded but not started, so its agent plans again; the
+    calls of an answer it drops are answered "not run"."""
     snap = task.snap
+    dropped: list[str] = []
     if frame is snap.frame and snap.call is not None:
         if snap.call.status == CallStatus.STARTED:
             task.log_recovery(Strategy.REPLAN_REFUSED, event.id, f"{snap.call.tool} is in doubt")
             return
+        if snap.call.attempt:  # it ran and failed: its own rows say so
+            dropped.append(frame.agenda.pop(0).kind)
         snap.call = None
-    dropped = [entry.kind for entry in frame.agenda]
+    dropped += answers.set_aside(task, event.id, [frame])
+    dropped += [entry.kind for entry in frame.agenda]  # calls put aside by an interjection
     frame.agenda.clear()
     frame.wait = None
     task.log_recovery(Strategy.REPLAN, event.id, f"{event.type}: dropped {dropped or 'nothing'}")
@@ -194,8 +217,3 @@ def _too_late(wait: dict[str, Any], event: Event) -> bool:
     due = wait.get("due_at")
     return due is not None and event.created_at > due
 
-
-def _history_entry(event: Event) -> dict[str, Any]:
-    role = "user" if event.type in ("user_message", "follow_up", "amend", "user_interrupt") \
-        else "event"
-    return {"role": role, "type": event.type, "event_id": event.id, "content": event.payload}

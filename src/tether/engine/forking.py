@@ -2,10 +2,14 @@
 
 The fork gets its own id, so every call it makes from there on has idempotency keys of its
 own; its dialog starts with the source's rows up to that version; the source is not touched.
-What the source had already done is not done again: a call open at that version is answered
-from the source's idempotency record when it succeeded there, and treated as in doubt (its
-tool's reconcile hook, or a person) when its outcome is unknown there. Only when asked
-(*redo_side_effects*) does the fork make the open call again, under a key of its own.
+A call open at that version (the current one, or one put aside in the agenda) gets a key of
+the fork's own too (:func:`own_key`), so source and fork never run one call under one key.
+What the source had already done is not done again: when the call succeeded there, its
+record is copied under the fork's key, and the fork answers from a record it owns (deleting
+the source changes nothing). A call whose outcome the source does not know yet (running
+there now, or in doubt) cannot be copied truthfully: the fork is refused until the source
+has settled it. Only when asked (*redo_side_effects*) does the fork make the open call
+again, under a key of its own.
 
 The fork is written in two steps through the narrow store protocol: a paused, empty task
 (version 1), then, under a lease, its snapshot with the copied dialog (version 2). A crash
@@ -14,6 +18,8 @@ between them leaves a paused fork with no dialog, named as such, that a person c
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +27,8 @@ from typing import Any
 from tether import blobs
 from tether.engine import timers
 from tether.engine.levers import reopen_call
-from tether.model import CallStatus, OutcomeStatus, Snapshot, Status, TaskRecord
+from tether.errors import IllegalTransition
+from tether.model import CallStatus, IdempotencyRecord, OutcomeStatus, Snapshot, Status, TaskRecord
 from tether.settings import Settings
 from tether.store import Checkpoint, HistoryRow, Store
 from tether.strategies import Strategy
@@ -46,7 +53,7 @@ async def fork(store: Store, settings: Settings, plan: ForkPlan, worker: str) ->
     _, head = await blobs.load_head(store, plan.source, plan.version)
     old = Snapshot.loads(head, plan.source, plan.version)
     rows = (await store.read_history(plan.source, old.history_segments))[: old.history_len]
-    snap = await _forked(store, old, plan)
+    snap, owned = await _forked(store, old, plan)
     now = time.time()
     empty = Snapshot.loads(snap.dumps(), plan.fork_id, 1)
     empty.status, empty.history_len = Status.PAUSED, 0
@@ -61,13 +68,15 @@ async def fork(store: Store, settings: Settings, plan: ForkPlan, worker: str) ->
     await store.commit(claim, Checkpoint(
         head=head_v2, status=snap.status, history=[
             HistoryRow(0, seq, row) for seq, row in enumerate(rows, start=1)],
-        recovery_log=[_record(snap, plan)], wake_at=timers.wake_time(snap), progress=True,
+        idempotency=owned, recovery_log=[_record(snap, plan)], wake_at=timers.wake_time(snap),
+        progress=True,
         blobs=large), settings.keep_versions, now + FORK_LEASE)
     await store.release(claim)
     return snap
 
 
-async def _forked(store: Store, old: Snapshot, plan: ForkPlan) -> Snapshot:
+async def _forked(store: Store, old: Snapshot, plan: ForkPlan
+                  ) -> tuple[Snapshot, list[IdempotencyRecord]]:
     snap = Snapshot.loads(old.dumps(), plan.source, plan.version)
     snap.task_id = plan.fork_id
     snap.history_segments = [[0, -1]]
@@ -79,9 +88,8 @@ async def _forked(store: Store, old: Snapshot, plan: ForkPlan) -> Snapshot:
     if plan.redo_side_effects:
         snap.key_salt = "~fork"
         reopen_call(snap)
-    elif snap.call is not None:
-        await _settle_open_call(store, snap)
-    return snap
+        return snap, []
+    return snap, await _rekey_open_calls(store, snap, plan.source)
 
 
 def _status(at_version: Status) -> Status:
@@ -92,20 +100,42 @@ def _status(at_version: Status) -> Status:
     return Status.PAUSED
 
 
-async def _settle_open_call(store: Store, snap: Snapshot) -> None:
-    """The call open at the forked version, as the source left it. Never started there, or
-    failed there: the fork makes it. Succeeded there, or its outcome unknown there: the fork
-    holds it in doubt and runs, so the worker that takes it answers it from the source's
-    record (not made again) or reconciles it (or asks a person), as after a crash."""
-    call = snap.call
-    assert call is not None
-    record = await store.get_idempotency(call.key)
-    if record is None or record.args_hash != call.args_hash \
-            or record.status == OutcomeStatus.FAILED:
-        call.status = CallStatus.PLANNED
-        return
-    call.status = CallStatus.STARTED
-    snap.status = Status.RUNNING
+def own_key(fork_id: str, key: str) -> str:
+    """The fork's own idempotency key for a call it copied from its source: bounded in length
+    however many forks deep, and never one the source (or another fork) uses."""
+    return f"{fork_id}:fork:{hashlib.sha256(key.encode()).hexdigest()[:20]}"
+
+
+async def _rekey_open_calls(store: Store, snap: Snapshot, source: str) -> list[IdempotencyRecord]:
+    """Give every call open in the fork a key of its own; return the records the fork owns
+    from the start (the source's successes, copied). Raises IllegalTransition for a call
+    whose outcome the source does not know yet."""
+    owned: list[IdempotencyRecord] = []
+    for call in snap.open_calls():
+        record = await store.get_idempotency(call.key)
+        same = record is not None and record.args_hash == call.args_hash
+        if same and record is not None and record.status == OutcomeStatus.STARTED:
+            raise IllegalTransition(await _unsettled(store, source, call.tool, call.key))
+        call.key = own_key(snap.task_id, call.key)
+        if same and record is not None and record.status == OutcomeStatus.SUCCEEDED:
+            owned.append(dataclasses.replace(record, key=call.key, task_id=snap.task_id))
+            call.status = CallStatus.STARTED  # answered from the fork's own record on its run
+            if call is snap.call:
+                snap.status = Status.RUNNING
+        else:  # never started there, or failed there: the fork makes it, under its own key
+            call.status = CallStatus.PLANNED
+    return owned
+
+
+async def _unsettled(store: Store, source: str, tool: str, key: str) -> str:
+    """Why a call the source has not settled cannot be forked, and what to do instead."""
+    live = (await store.get_task(source)).runner()
+    where = (f"is running now in task {source} (worker {live})" if live else
+             f"is in doubt in task {source} (started, no outcome known)")
+    return (f"cannot fork: call {tool} key={key} {where}, so the fork could not know whether it"
+            " happened. Fork once the source has settled it"
+            + ("" if live else f" (tether decide {source} ...)")
+            + ", fork an earlier version, or fork with redo_side_effects to make it anew")
 
 
 def _record(snap: Snapshot, plan: ForkPlan) -> dict[str, Any]:

@@ -18,13 +18,17 @@ from tether.settings import Settings
 from tether.store import InboxLimits, WorkerStore
 
 MAX_NAME = 200
-"""Longest event type or ``source_event_id`` accepted (they are stored and indexed)."""
+"""Longest event type or ``source_event_id`` accepted (they are stored and indexed). Both
+must be printable (``str.isprintable``): PostgreSQL refuses a NUL in text, and a line break
+or an escape sequence would reach logs and terminals."""
 
 REOPENS = {
     "resume": frozenset({Status.FAILED}),
+    "decide": frozenset({Status.FAILED}),
     "rollback": frozenset({Status.FAILED, Status.COMPLETED}),
 }
-"""Finished tasks that a person's lever may still reach: retry a failure, roll back a result."""
+"""Finished tasks that a person's lever may still reach: retry a failure, settle a failed task's
+call in doubt, roll back a result."""
 
 
 class Inbox:
@@ -45,9 +49,12 @@ class Inbox:
             raise InvalidInput(f"event type {event.type[:40]!r}... must be printable and at most"
                                f" {MAX_NAME} characters")
         check_task_id(event.task_id)
-        if event.source_event_id is not None and (
-                not isinstance(event.source_event_id, str) or len(event.source_event_id) > MAX_NAME):
-            raise InvalidInput(f"source_event_id must be a string of at most {MAX_NAME} characters")
+        source_id = event.source_event_id
+        if source_id is not None and (not isinstance(source_id, str) or len(source_id) > MAX_NAME
+                                      or not source_id.isprintable()):
+            shown = f" ({source_id[:40]!r})" if isinstance(source_id, str) else ""
+            raise InvalidInput(f"source_event_id{shown} must be a string of at most {MAX_NAME}"
+                               " printable characters (no NUL, no line break)")
         event.payload = to_plain(event.payload, self.settings.max_payload_bytes,
                                  f"payload of event {event.type!r}")
         rule = self.protocol.rule_for(event.type, event.priority)

@@ -13,57 +13,14 @@ import copy
 import time
 from typing import Any
 
-from tether import blobs
-from tether.engine import limits, recovery, timers
-from tether.engine.decisions import DECISIONS, Decision, call_awaiting_decision, in_doubt_message
+from tether import blobs, dialog
+from tether.engine import answers, calls, limits, recovery, timers
+from tether.engine.calls import awaiting_decision, in_doubt_message
 from tether.engine.task import RunningTask
-from tether.errors import IllegalTransition, InDoubtCall, InvalidInput, VersionNotFound
+from tether.errors import InDoubtCall, VersionNotFound
 from tether.failpoints import failpoint
-from tether.model import CallState, CallStatus, Event, Snapshot, Status, check_count, to_plain
+from tether.model import CallStatus, Event, Snapshot, Status, check_count
 from tether.strategies import Strategy
-
-
-async def human_decide(task: RunningTask, event: Event) -> None:
-    """A person settles a call in doubt: it happened, it did not, or skip it (R10, R26)."""
-    snap = task.snap
-    payload = event.payload if isinstance(event.payload, dict) else {}
-    outcome, by = payload.get("outcome"), str(payload.get("by") or "unknown")
-    call = snap.call
-    if outcome not in DECISIONS:
-        raise InvalidInput(f"decide needs an outcome of {', '.join(DECISIONS)}, not {outcome!r}")
-    if call is None or call.status != CallStatus.STARTED or snap.status.is_terminal \
-            or payload.get("key") != call.key:
-        raise IllegalTransition(f"task {snap.task_id} has no call in doubt under key"
-                                f" {payload.get('key')!r}; nothing was decided")
-    task.append_history({"role": "event", "type": "decide", "event_id": event.id, "content": {
-        "outcome": outcome, "by": by, "tool": call.tool, "key": call.key,
-        "result": payload.get("result")}})
-    snap.recovery = type(snap.recovery)()
-    snap.error = None
-    task.mark_progress()
-    if snap.status is not Status.RUNNING:
-        task.set_status(Status.RUNNING)
-    task.log_recovery(Strategy.HUMAN_DECISION, event.id, f"{by} said {call.tool} key={call.key}"
-                        f" {_DECIDED[outcome]}")
-    if outcome == Decision.HAPPENED:
-        task.finish_call(call, to_plain(payload.get("result")))
-    elif outcome == Decision.NOT_HAPPENED:
-        call.status = CallStatus.PLANNED
-    else:
-        _skip_call(task, call, by)
-
-
-_DECIDED = {Decision.HAPPENED: "had happened; its result is recorded and it is not run again",
-            Decision.NOT_HAPPENED: "never happened; it runs now with the same key",
-            Decision.SKIP: "is to be skipped; it is dropped without running"}
-
-
-def _skip_call(task: RunningTask, call: CallState, by: str) -> None:
-    """Drop a call in doubt: the agent sees it was skipped and plans on from there."""
-    task.append_history({"role": "tool", "name": call.tool, "key": call.key, "content": None,
-                           "skipped": True})
-    task.snap.frame.last_tool_result = None
-    recovery.move_past_call(task, {"tool": call.tool, "key": call.key, "skipped": True, "by": by})
 
 
 async def human_resume(task: RunningTask, event: Event) -> None:
@@ -71,20 +28,22 @@ async def human_resume(task: RunningTask, event: Event) -> None:
     snap = task.snap
     assert event.id is not None
     payload = event.payload if isinstance(event.payload, dict) else {}
-    undecided = call_awaiting_decision(snap, task.tools)
-    if undecided is not None and not snap.status.is_terminal:
-        raise InDoubtCall(in_doubt_message(snap.task_id, undecided))
+    undecided = await awaiting_decision(task.reads, snap, task.tools)
+    if undecided is not None and snap.status not in (Status.COMPLETED, Status.CANCELLED):
+        raise InDoubtCall(in_doubt_message(snap.task_id, undecided))  # failed ones too
     amended = bool(payload.get("message") or payload.get("frame_patch") or "input" in payload)
     if snap.status not in (Status.PAUSED, Status.NEEDS_HUMAN, Status.FAILED, Status.WAITING):
         if amended and snap.status is Status.RUNNING:
-            _amend(task, payload)
+            _amend(task, payload, event.id)
             task.log_recovery(Strategy.AMEND, event.id, "task already running; the person's message"
                                 " and patch were applied without a recovery")
         else:
             task.log_recovery(Strategy.RESUME_IGNORED, event.id,
                                 f"task already {snap.status.value}; duplicate resume signal")
         return
-    _amend(task, payload)
+    if payload.get("earlier_result"):  # checked before anything changes
+        await limits.answer_with_earlier(task, str(payload.get("by") or "unknown"), event.id)
+    _amend(task, payload, event.id)
     if snap.status is Status.FAILED:  # a deadline may have used up its waits' timers
         timers.retag_waits(snap, f"resume{event.id}")
     snap.recovery = type(snap.recovery)()
@@ -100,20 +59,25 @@ async def human_resume(task: RunningTask, event: Event) -> None:
     task.log_recovery(Strategy.HUMAN_RESUME, event.id, f"resumed by {payload.get('by') or 'unknown'}"
                         + (f": {payload['message']}" if payload.get("message") else ""))
     if snap.call is not None and snap.call.status == CallStatus.STARTED:
-        await recovery.resolve_in_doubt(task)  # reconcile (or re-run an idempotent call), never blind
+        await calls.resolve_in_doubt(task)  # reconcile (or re-run an idempotent call), never blind
 
 
-def _amend(task: RunningTask, payload: dict[str, Any]) -> None:
+def _amend(task: RunningTask, payload: dict[str, Any], event_id: int) -> None:
     """Add a person's message to the dialog, merge their patch into the current frame, and
-    put their corrected input in place of the task's (the old one stays in the dialog)."""
+    put their corrected input in place of the task's (the old one stays in the dialog). A
+    message is newer than the answer being carried out: its calls not started are not run."""
     if payload.get("message"):
-        task.append_history({"role": "user", "type": "resume", "content": payload["message"]})
+        dropped = answers.set_aside(task, event_id)
+        if dropped:
+            task.log_recovery(Strategy.ANSWER_SET_ASIDE, event_id,
+                              f"a person's message came first: not run {', '.join(dropped)}")
+        task.append_history(dialog.user("resume", payload["message"]))
     if payload.get("frame_patch"):
         task.snap.frame.scratch.update(payload["frame_patch"])
     if "input" in payload:
         snap = task.snap
-        task.append_history({"role": "user", "type": "input", "content": payload["input"],
-                             "replaced": snap.input, "by": payload.get("by")})
+        task.append_history(dialog.user("input", payload["input"], replaced=snap.input,
+                                        by=payload.get("by")))
         snap.input = payload["input"]
         snap.stack[0].input = copy.deepcopy(payload["input"])
 
@@ -123,8 +87,8 @@ def _settle_call_for_resume(task: RunningTask, amended: bool) -> None:
 
     An amended resume (message or frame patch) drops a failed call so the agent
     plans again with what the person changed; a plain resume retries it as
-    planned. A call whose outcome is unknown runs again only because a person
-    said so, and that is logged.
+    planned. A call whose outcome is unknown never gets here unless it settles
+    itself (a person's resume is refused for the others, in every status).
     """
     snap = task.snap
     call = snap.call
@@ -134,13 +98,8 @@ def _settle_call_for_resume(task: RunningTask, amended: bool) -> None:
             agenda.pop(0)
         return
     if call.status == CallStatus.STARTED:
-        tool = task.tools.get(call.tool)
-        if tool is not None and (tool.idempotent or tool.reconcile_fn is not None):
-            return  # resolved like any call in doubt, after the status is running again
-        call.status = CallStatus.PLANNED
-        task.log_recovery(Strategy.HUMAN_RERUN, detail=f"a person resumed; {call.tool} key={call.key}"
-                            " runs again on their say-so")
-    elif amended:
+        return  # it settles itself (its record, idempotent, reconcile), once running again
+    if amended:
         snap.frame.agenda.pop(0)
         snap.call = None
     else:
@@ -178,9 +137,9 @@ async def rollback(task: RunningTask, event: Event) -> None:
                         + (" (side effects will be redone)" if payload.get("redo_side_effects")
                            else ""))
     if old.call is not None and old.call.status == CallStatus.STARTED:
-        await recovery.resolve_in_doubt(task)
+        await calls.resolve_in_doubt(task)
     elif old.call is not None:  # it may have succeeded since the kept version (E4)
-        recovery.reuse_result(task, old.call, await task.reads.get_idempotency(old.call.key),
+        calls.reuse_result(task, old.call, await task.reads.get_idempotency(old.call.key),
                       f"{old.call.tool} key={old.call.key} succeeded after version {version};"
                       " its recorded result is used, not run again")
 
@@ -202,7 +161,9 @@ async def _rollback_target(task: RunningTask, event_id: int, version: int) -> by
 
 
 def reopen_call(snap: Snapshot) -> None:
-    """Forget an open call's key so it is derived again with the new salt (a real redo)."""
-    if snap.call is not None and snap.stack and snap.frame.agenda:
-        snap.frame.agenda[0].open_call = None
+    """Forget every open call's key (the current one, and any put aside in an agenda of any
+    frame) so each is derived again with the new salt when it comes round: a real redo."""
+    for frame in snap.stack:
+        for entry in frame.agenda:
+            entry.open_call = None
     snap.call = None

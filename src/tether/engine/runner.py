@@ -17,15 +17,16 @@ from collections import Counter
 from collections.abc import Awaitable, Mapping
 from typing import Any, TypeVar
 
-from tether import blobs
+from tether import blobs, dialog
 from tether.agent import Agent, TaskView
-from tether.engine import degrade, limits, recovery, timers
+from tether.engine import budget, calls, degrade, limits, recovery, timers
 from tether.engine.admission import Admission, HeldBack
+from tether.engine.answers import planned_actions
 from tether.engine.events import apply_event
 from tether.engine.host import RunnerHost
 from tether.engine.loading import newest_readable
 from tether.engine.preemption import Preempted, Preemptible
-from tether.engine.task import clean_up_resources, hand_to_person
+from tether.engine.task import hand_to_person, pop_frame, put_first, recorded
 from tether.errors import (
     InvalidInput,
     LeaseLost,
@@ -40,7 +41,6 @@ from tether.model import (
     AgendaEntry,
     CallState,
     CallStatus,
-    CancelSubtask,
     Event,
     EventStatus,
     Fail,
@@ -49,7 +49,6 @@ from tether.model import (
     IdempotencyRecord,
     OutcomeStatus,
     Priority,
-    Replan,
     Reply,
     Snapshot,
     Spawn,
@@ -58,6 +57,7 @@ from tether.model import (
     Wait,
     action_to_dict,
     check_transition,
+    storable_text,
     to_plain,
 )
 from tether.protocol import CONTROL_EVENTS
@@ -267,19 +267,22 @@ class Runner:
                 return
             self.snap.recovery.retry_at = None
             frame.scratch = scratch
-            frame.agenda.append(planned)
+            frame.agenda.extend(planned)
             if self.agent_for(frame).commit_plans:
                 self.request_commit()  # the plan was paid for: never ask for it again
             return  # the loop drains the inbox before acting: what arrived meanwhile goes first
-        action = frame.agenda[0].to_action()
+        action = await self._prepared(frame)
+        if action is None:
+            return
         failpoint("before_plan_recorded")
         if isinstance(action, ToolCall):
             await self.call_tool(action)
         else:
             await self.carry_out(action)
 
-    async def plan(self) -> tuple[AgendaEntry, dict[str, Any]]:
-        """The agent's next action, as the agenda records it, and the agent's new scratch."""
+    async def plan(self) -> tuple[list[AgendaEntry], dict[str, Any]]:
+        """The agent's next actions (one answer), as the agenda records them, and the agent's
+        new scratch."""
         scratch = copy.deepcopy(self.snap.frame.scratch)
         agent = self.agent_for(self.snap.frame)
         view = self.view(scratch)
@@ -287,19 +290,33 @@ class Runner:
             async with self.admission.plan_slot(self.snap, self.claim.fence, agent.limits,
                                                 self.urgency, lambda: limits.tokens_of(view)):
                 with self.host.telemetry.span("tether.plan", **{"tether.agent": agent.name}):
-                    action = await self.cancellable(agent.plan(view))
+                    answer = await self.cancellable(agent.plan(view))
         finally:
             limits.record_completions(self, view)  # paid for, whatever the plan did next
-        if isinstance(action, Replan | CancelSubtask):
-            raise InvalidInput(f"agent {agent.name!r}: plan() returned"
-                               f" {type(action).__name__}, which only on_event may return")
-        return self.recorded(action, agent), scratch
+        return [recorded(action, agent) for action in planned_actions(agent.name, answer)], scratch
 
-    @staticmethod
-    def recorded(action: Action, agent: Agent | None = None) -> AgendaEntry:
-        """The action as the agenda keeps it, with the code that planned it (E8)."""
-        return AgendaEntry(action_to_dict(action),
-                           f"{agent.name}@{agent.version}" if agent is not None else None)
+    async def _prepared(self, frame: Frame) -> Action | None:
+        """The agenda's next action as it runs now: an agent may adjust an action of an
+        earlier answer with what happened since (:meth:`tether.Agent.prepare`); the adjusted
+        action is recorded in its place before it runs. None: the agent failed (a bounded
+        recovery, as for a plan that failed)."""
+        entry = frame.agenda[0]
+        action = entry.to_action()
+        agent = self.agent_for(frame)
+        if type(agent).prepare is Agent.prepare:
+            return action
+        try:
+            prepared = await agent.prepare(self.view(frame=frame), action)
+        except Exception as error:  # agent code may raise anything
+            recovery.plan_failed(self, error)
+            return None
+        if not isinstance(prepared, type(action)):
+            recovery.plan_failed(self, InvalidInput(
+                f"agent {agent.name!r}: prepare() must return a {type(action).__name__},"
+                f" not {type(prepared).__name__}"))
+            return None
+        entry.action = action_to_dict(prepared)
+        return prepared
 
     def planned_by(self) -> dict[str, Any]:
         """Which code planned the action at the head of the agenda, for its dialog row."""
@@ -319,7 +336,7 @@ class Runner:
         return self.preemptible.run(work, self._keep_cut_off)
 
     def _keep_cut_off(self, partial: str) -> None:
-        self.append_history({"role": "assistant", "content": partial, "cut_off": True})
+        self.append_history(dialog.reply(partial, cut_off=True))
 
     def stop(self) -> None:
         """Finish the step in flight, commit, and return (a graceful stop, E5).
@@ -360,16 +377,16 @@ class Runner:
         frame.agenda.pop(0)
         frame.steps += 1
         self.snap.step += 1
-        recovery.progress_made(self)
+        budget.progress_made(self)
         if isinstance(action, Reply):
-            self.append_history({"role": "assistant", "content": action.text, **by})
+            self.append_history(dialog.reply(action.text, **by))
         elif isinstance(action, Spawn):
             self.agent_for(Frame(agent=action.agent))
             child_id = f"{frame.frame_id}.{frame.steps}"
             self.snap.stack.append(Frame(agent=action.agent, input=to_plain(action.input),
                                          frame_id=child_id))
-            self.append_history({"role": "system", "event": "spawn", "agent": action.agent,
-                                 "depth": len(self.snap.stack) - 1})
+            self.append_history(dialog.system("spawn", agent=action.agent,
+                                              depth=len(self.snap.stack) - 1))
         elif isinstance(action, Wait):
             due = timers.due_time(action.timeout, f"timeout of a Wait for {action.event_type!r}")
             frame.wait = {"event_type": action.event_type, "due_at": due,
@@ -386,24 +403,7 @@ class Runner:
             self.request_commit()
 
     def pop_frame(self, action: Finish | Fail, by: dict[str, Any]) -> None:
-        done = self.snap.stack.pop()
-        failed = isinstance(action, Fail)
-        outcome = action.reason if isinstance(action, Fail) else to_plain(action.result)
-        self.append_history({"role": "system", "event": "fail" if failed else "finish",
-                             "agent": done.agent, "content": outcome, **by})
-        if self.snap.stack:
-            parent = self.snap.frame
-            parent.child_result = None if failed else outcome
-            parent.child_error = outcome if failed else None
-            return
-        self.snap.stack.append(done)
-        if failed:
-            self.snap.error = str(outcome)
-            self.set_status(Status.FAILED)
-        else:
-            self.snap.result = outcome
-            self.set_status(Status.COMPLETED)
-        clean_up_resources(self)
+        pop_frame(self, action, by)
 
     # ------------------------------------------------------------------ tool calls
 
@@ -419,9 +419,13 @@ class Runner:
             self.request_commit()
             return
         if call is None:
-            call = await recovery.open_call(self, action)
+            call = await calls.open_call(self, action)
             if call is None or (tool.side_effect and limits.repeated_side_effect(self, call)):
                 return
+        elif call.status == CallStatus.STARTED:  # it may have run: settled, never started again
+            await calls.resolve_in_doubt(self)
+            self.request_commit()
+            return
         if tool.limits and not await self.admission.admit(self.snap, self.claim.fence,
                                                           tool.limits, call.key, self.urgency):
             return
@@ -430,9 +434,8 @@ class Runner:
         call.retry_at = None
         self.record_idempotency(call, OutcomeStatus.STARTED)
         if call.attempt == 1:
-            self.append_history({"role": "assistant", "tool_call": {
-                "name": call.tool, "args": call.args, "key": call.key},
-                "tool_version": tool.version, **self.planned_by()})
+            self.append_history(dialog.call(call.tool, call.args, call.key,
+                                            tool_version=tool.version, **self.planned_by()))
         await self.commit()  # the resume point: a crash from here on leaves the call in doubt
         failpoint("after_resume_point")
         started = time.monotonic()
@@ -449,18 +452,18 @@ class Runner:
             return
         except (ToolTimeout, OutcomeUnknown) as error:
             if tool.side_effect:
-                await recovery.outcome_unknown(self, tool, call, error)
+                await calls.outcome_unknown(self, tool, call, error)
             else:
-                await recovery.tool_failed(self, tool, call, error)
+                await calls.tool_failed(self, tool, call, error)
             return
         except Exception as error:  # a tool may fail in any way; all of it is recorded
-            await recovery.tool_failed(self, tool, call, error)
+            await calls.tool_failed(self, tool, call, error)
             return
         failpoint("after_tool_before_commit")
         try:
             result = to_plain(raw, self.settings.max_result_bytes, f"result of tool {tool.name}")
         except InvalidInput as error:
-            await recovery.unusable_result(self, tool, call, raw, error)
+            await calls.unusable_result(self, tool, call, raw, error)
             return
         quick = time.monotonic() - started < self.settings.defer_results_under
         self.finish_call(call, result, defer=tool.idempotent and quick)
@@ -480,32 +483,13 @@ class Runner:
 
     def finish_call(self, call: CallState, result: Any, from_record: bool = False,
                     defer: bool = False) -> None:
-        """Record a call's result and move on; with *defer*, ride along with the next commit.
-
-        Deferring is only offered for a quick idempotent call: if the process
-        dies first, the call runs again with the same key, which costs less than
-        the fsync saved (see ``Settings.defer_results_under``).
-        """
-        frame = self.snap.frame
-        if not from_record:
-            self.record_idempotency(call, OutcomeStatus.SUCCEEDED, result=result)
-        self.append_history({"role": "tool", "name": call.tool, "key": call.key,
-                             "content": result})
-        frame.last_tool_result = result
-        frame.last_tool_error = None
-        frame.agenda.pop(0)
-        frame.steps += 1
-        self.snap.step += 1
-        self.snap.call = None
-        recovery.progress_made(self)
-        if not defer:
-            self.request_commit()
+        calls.finish_call(self, call, result, from_record, defer)
 
     def record_idempotency(self, call: CallState, status: OutcomeStatus, result: Any = None,
                            error: str | None = None) -> None:
         self._idempotency.append(IdempotencyRecord(
-            call.key, self.snap.task_id, call.tool, call.args_hash, status, result, error,
-            call.attempt))
+            call.key, self.snap.task_id, call.tool, call.args_hash, status, result,
+            storable_text(error), call.attempt))
 
     # ------------------------------------------------------------------ state changes
 
@@ -515,22 +499,14 @@ class Runner:
 
     def put_first(self, action: Action, frame: Frame | None = None,
                   agent: Agent | None = None) -> None:
-        """Run *action* before the frame's recorded work, keeping that work (the to-do list).
-
-        A call that is open but not in flight (cancelled by a P0, or waiting
-        out a retry) is parked inside its own agenda entry with its key and
-        attempt count, and picked up again when that entry comes round.
-        """
-        frame = frame or self.snap.frame
-        call = self.snap.call
-        if call is not None and frame is self.snap.frame and frame.agenda:
-            frame.agenda[0].open_call = call
-            self.snap.call = None
-        frame.agenda.insert(0, self.recorded(action, agent))
+        put_first(self, action, frame, agent)
 
     def set_status(self, status: Status) -> None:
         check_transition(self.snap.task_id, self.snap.status, status)
         self.snap.status = status
+
+    def supersedes(self, event_type: str) -> bool:
+        return self.host.inbox.protocol.supersedes(event_type)
 
     def append_history(self, entry: dict[str, Any]) -> None:
         entry.setdefault("at", time.time())
@@ -598,13 +574,15 @@ class Runner:
             await self.commit()
         elif self.snap.status is not Status.RUNNING and not self._committed:
             snap = self.snap
-            reason = snap.error if snap.status in (Status.NEEDS_HUMAN, Status.FAILED) else None
+            reason = storable_text(snap.error) if snap.status in (Status.NEEDS_HUMAN, Status.FAILED) \
+            else None
             await self.store.set_status(self.claim, snap.status, reason, self._wake_at())
 
     async def commit(self) -> None:
         """Write the head and everything buffered since the last commit, atomically."""
         snap = self.snap
-        reason = snap.error if snap.status in (Status.NEEDS_HUMAN, Status.FAILED) else None
+        reason = storable_text(snap.error) if snap.status in (Status.NEEDS_HUMAN, Status.FAILED) \
+            else None
         head, large = blobs.layered(snap.dumps(), self.settings.blob_threshold)
         checkpoint = Checkpoint(
             head=head, blobs=large, status=snap.status, history=self._rows,

@@ -9,7 +9,8 @@ commits, at the end of the step, the event or the restart that asked for it, so 
 can be tested with a plain object and no store.
 
 The few state changes several helpers share (a wait ending, a task handed to a person,
-its resources cleaned up) live here, below all of them.
+its resources cleaned up, an action put first, a frame popped) live here, below all of
+them, so the runner and a test double run the same code for them.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
+from tether import dialog
 from tether.agent import Agent, TaskView
 from tether.errors import TetherError
 from tether.model import (
     Action,
+    AgendaEntry,
     CallState,
     Cleanup,
     Event,
@@ -32,6 +35,8 @@ from tether.model import (
     OutcomeStatus,
     Snapshot,
     Status,
+    action_to_dict,
+    to_plain,
 )
 from tether.resources import ResourceKinds
 from tether.settings import Settings
@@ -101,6 +106,10 @@ class RunningTask(Protocol):
 
     def set_status(self, status: Status) -> None:
         """Move the task to *status*; IllegalTransition if the lifecycle does not allow it."""
+
+    def supersedes(self, event_type: str) -> bool:
+        """Whether the interruption protocol says an event of this type sets aside the rest
+        of the answer being carried out (a newer message)."""
 
     def append_history(self, entry: dict[str, Any]) -> None:
         """Add one dialog row (written with the next commit)."""
@@ -179,3 +188,48 @@ def clean_up_resources(task: RunningTask) -> None:
         except (OSError, TetherError) as error:
             task.log_recovery(Strategy.CLEANUP_FAILED,
                               detail=f"{resource.kind} {resource.ref}: {error}")
+
+
+def recorded(action: Action, agent: Agent | None = None) -> AgendaEntry:
+    """The action as the agenda keeps it, with the code that planned it (E8)."""
+    return AgendaEntry(action_to_dict(action),
+                       f"{agent.name}@{agent.version}" if agent is not None else None)
+
+
+def put_first(task: RunningTask, action: Action, frame: Frame | None = None,
+              agent: Agent | None = None) -> None:
+    """Run *action* before the frame's recorded work, keeping that work (the to-do list).
+
+    A call that is open but not in flight (cancelled by a P0, or waiting
+    out a retry) is parked inside its own agenda entry with its key and
+    attempt count, and picked up again when that entry comes round.
+    """
+    frame = frame or task.snap.frame
+    call = task.snap.call
+    if call is not None and frame is task.snap.frame and frame.agenda:
+        frame.agenda[0].open_call = call
+        task.snap.call = None
+    frame.agenda.insert(0, recorded(action, agent))
+
+
+def pop_frame(task: RunningTask, action: Finish | Fail, by: dict[str, Any]) -> None:
+    """End the top frame with *action*'s result or failure: its parent sees it, or the task
+    completes or fails with it (resources cleaned up)."""
+    done = task.snap.stack.pop()
+    failed = isinstance(action, Fail)
+    outcome = action.reason if isinstance(action, Fail) else to_plain(action.result)
+    task.append_history(dialog.system("fail" if failed else "finish", agent=done.agent,
+                                      content=outcome, **by))
+    if task.snap.stack:
+        parent = task.snap.frame
+        parent.child_result = None if failed else outcome
+        parent.child_error = outcome if failed else None
+        return
+    task.snap.stack.append(done)
+    if failed:
+        task.snap.error = str(outcome)
+        task.set_status(Status.FAILED)
+    else:
+        task.snap.result = outcome
+        task.set_status(Status.COMPLETED)
+    clean_up_resources(task)

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 
+from tether import dialog
 from tether.engine.task import RunningTask, clean_up_resources, end_wait
 from tether.errors import InvalidInput
 from tether.model import CallStatus, Event, EventStatus, Frame, Snapshot, Status
@@ -168,8 +169,7 @@ def time_out_wait(task: RunningTask, event: Event) -> EventStatus:
         return EventStatus.IGNORED  # the awaited event came first; this timer is stale
     assert frame.wait is not None
     waited_for = frame.wait["event_type"]
-    task.append_history({"role": "event", "type": "timer", "event_id": event.id,
-                         "content": event.payload})
+    task.append_history(dialog.event("timer", event.payload, event.id))
     end_wait(task, {"type": waited_for, "timeout": True, "event_id": event.id}, frame)
     task.log_recovery(Strategy.WAIT_TIMEOUT, event.id, f"no {waited_for} before the deadline")
     return EventStatus.APPLIED
@@ -183,8 +183,7 @@ def miss_deadline(task: RunningTask, event: Event) -> EventStatus | None:
     if snap.call is not None and snap.call.status == CallStatus.STARTED:
         return None  # a call in doubt is settled first; the timeout stays pending till then
     deadline = local_time(snap.deadline_at)
-    task.append_history({"role": "event", "type": "task_timeout", "event_id": event.id,
-                         "content": event.payload})
+    task.append_history(dialog.event("task_timeout", event.payload, event.id))
     snap.call = None
     snap.deadline_at = None
     snap.error = f"task deadline {deadline} passed; stopped (resume to carry on without one)"

@@ -196,6 +196,9 @@ class Worker:
                 except StoreUnavailable as error:
                     await self._pause(self.outage.failed(error), stop)
                     continue
+                except CorruptStore as error:  # met by a claim round (an idle worker, say)
+                    self._stop_for(error)
+                    break
                 if until_idle and not self.active and not claimed and not self._stranded \
                         and not await self._others_to_wait_for():
                     return
@@ -208,6 +211,14 @@ class Worker:
             await asyncio.gather(*helpers, return_exceptions=True)
         if self._fatal is not None:
             raise self._fatal
+
+    def _stop_for(self, error: CorruptStore) -> None:
+        """A damaged store, or its file replaced under this worker: said once, then the
+        worker stops (whichever of its tasks, renewals or claims met it first)."""
+        if self._fatal is None:
+            self.harness.log.error("%s", error)
+            self._fatal = error
+        self._changed.set()
 
     async def _pause(self, delay: float, stop: asyncio.Event | None) -> None:
         """Wait out one back-off delay, or less if told to stop or the store failed for good."""
@@ -279,6 +290,9 @@ class Worker:
         waiting = []
         for task in running:
             until = task.lease_until or 0.0
+            if until <= now and self._leases_seen.pop(task.task_id, None) is not None:
+                waiting.append(task)  # ran out since the last claim round: one more to take it
+                continue
             if task.lease_owner in (None, self.harness.worker_id) or until <= now \
                     or task.task_id in self._alive:
                 continue
@@ -371,9 +385,7 @@ class Worker:
             if stranded.releasable:
                 self._stranded.append(claim)
         except CorruptStore as error:
-            self.harness.log.error("%s", error)
-            self._fatal = self._fatal or error
-            self._changed.set()
+            self._stop_for(error)
         except Exception:  # a bug: say so, and leave the task to recovery
             self.harness.log.exception("task %s: could not be run here; leaving it for"
                                        " recovery", claim.task_id)
@@ -398,6 +410,9 @@ class Worker:
                 except StoreUnavailable as error:
                     self.outage.noted(error)
                     break
+                except CorruptStore as error:  # damaged, or the file replaced: stop
+                    self._stop_for(error)
+                    return
                 except Exception:  # one task's trouble must not stop the others' renewals
                     self.harness.log.exception("task %s: lease upkeep failed", task_id)
 

@@ -8,6 +8,11 @@ tether cannot save an agent from state it never sees: this is what
 
     tether torture tether.examples.broken:harness charges --input '{"customers": ["a", "b", "c"]}'
 
+Since tether holds a side-effecting call identical to one that already succeeded for a
+person (``max_identical_side_effects``, 1 by default), such a charge no longer goes through
+by default: the task goes to a person instead. This example raises the bound so that
+``tether torture`` shows what the broken agent itself does.
+
 ``reader`` makes the same mistake with a tool that has no side effect: nothing is paid twice,
 but after a restart it reads every page again, under new keys (``tether torture`` reports it
 as "re-planned work it had done").
@@ -19,7 +24,7 @@ from typing import Any
 
 import tether as tt
 
-harness = tt.Harness()
+harness = tt.Harness(settings=tt.Settings(max_identical_side_effects=100))  # see the module's doc
 
 
 @harness.tool(side_effect=True)

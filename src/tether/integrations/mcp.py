@@ -8,6 +8,24 @@ On entering, tether connects (a child process over stdio, or streamable HTTP), l
 server's tools and registers one tether tool per MCP tool, named *prefix* + the MCP name
 (keep to letters, digits, ``_`` and ``-`` if a model is to call them). Enter it before the
 workers run and leave it after they stop: a worker that recovers a task needs its tools.
+Under ``tether worker`` or ``tether serve --with-worker``, enter it from an app lifespan::
+
+    payments = MCPTools.stdio(h, "python", ["payments_server.py"], prefix="pay_")
+    h.add_agent("clerk", ChatAgent(tools=payments.registered))   # empty until entered
+
+    @h.lifespan
+    async def mcp_tools(h: tt.Harness) -> AsyncIterator[None]:
+        async with payments:
+            yield
+
+``registered`` is one list for the life of the ``MCPTools``, filled when it is entered and
+emptied when it is left: a ``ChatAgent`` made with it before the lifespan entered reads it
+when it plans, so it offers the server's tools as registered then (never those of an
+earlier entry). A lifespan whose server never answers is cut by the worker's first SIGTERM:
+the connection being made is dropped and the server process stopped.
+
+An ``MCPTools`` may be entered again once it has been left (each entry connects anew and
+registers the tools again), but not twice at once.
 
 - **What a crash means** comes from the tool's MCP annotations unless a
   :class:`tether.ToolPolicy` override says otherwise: ``readOnlyHint`` or
@@ -108,6 +126,7 @@ class _Link:
 
     def __init__(self, open_session: Opener, label: str) -> None:
         self._ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
+        self._ready.add_done_callback(_settle)  # a failed connection nobody waited for is quiet
         self._stop = asyncio.Event()
         self._label = label
         self.task = asyncio.create_task(self._own(open_session), name=f"mcp {label}")
@@ -130,8 +149,12 @@ class _Link:
         return self._stop.is_set() or self.task.done()
 
     def retire(self) -> None:
-        """Let this connection go (its process is stopped); later calls open a new one."""
+        """Let this connection go (its process is stopped); later calls open a new one. One
+        still connecting is cut short: a server that never answers its handshake must not
+        hold up the caller leaving (a lifespan cancelled on SIGTERM, say)."""
         self._stop.set()
+        if not self._ready.done():
+            self.task.cancel()
 
     async def session(self) -> ClientSession:
         return await asyncio.shield(self._ready)
@@ -187,13 +210,16 @@ class MCPTools:
         self.timeout = timeout
         self.retry = retry
         self.registered: list[Tool] = []
-        """The tether tools made from the server's tools, in the server's order."""
+        """The tether tools made from the server's tools, in the server's order: the same
+        list object always, filled on entering and emptied on leaving (a live view, for
+        ``ChatAgent(tools=...)`` made before the context is entered)."""
         self._open_session = open_session
         self._remote: dict[str, mcp_types.Tool] = {}
         self._links: set[_Link] = set()
         self._link: _Link | None = None
         self._lock = asyncio.Lock()
         self._closed = False
+        self._open = False
 
     @classmethod
     def stdio(cls, harness: Harness, command: str, args: Sequence[str] = (), *,
@@ -239,6 +265,13 @@ class MCPTools:
     # ------------------------------------------------------------------ the context
 
     async def __aenter__(self) -> MCPTools:
+        if self._open:
+            raise ConfigurationError(f"MCPTools for {self.label} is entered already: enter it in"
+                                     " one place (one @harness.lifespan, or one 'async with')")
+        self._open, self._closed = True, False
+        self.registered.clear()
+        self._remote.clear()
+        self._link, self._lock = None, asyncio.Lock()  # an entry may be in another event loop
         try:
             link = await self._live_link()
             session = await link.session()
@@ -255,11 +288,13 @@ class MCPTools:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Unregister the tools and close the connection (stopping a stdio server)."""
-        self._closed = True
+        """Unregister the tools and close the connection (stopping a stdio server); one
+        still being made is dropped (a server that never answered)."""
+        self._closed, self._open = True, False
         for tool in self.registered:
             if self.harness.tools.get(tool.name) is tool:
                 del self.harness.tools[tool.name]
+        self.registered.clear()  # in place: an agent holding the list offers none of them now
         for link in list(self._links):
             link.retire()
         await asyncio.gather(*(link.task for link in self._links), return_exceptions=True)
@@ -344,7 +379,8 @@ class MCPTools:
         async with self._lock:
             if self._closed:
                 raise MCPDisconnected(f"MCPTools for {self.label} is closed: run the workers"
-                                      " inside its 'async with' block")
+                                      " inside its 'async with' block, or enter it from an"
+                                      " app lifespan (@harness.lifespan)")
             if self._link is None or self._link.dead:
                 link = self._link = _Link(self._open_session, self.label)
                 self._links.add(link)

@@ -13,6 +13,14 @@ a second completion nor a second side effect:
   ``on_invoke_tool``; the key is in ``ctx.run_config.trace_metadata[KEY]`` or
   :func:`current_call`. A ``@function_tool`` turns its exceptions into a message to the model
   (the call succeeds); give it ``failure_error_function=None`` for tether's retries instead.
+- **Reconcile hooks are checked when the agent is made**, not at crash time: a hook takes
+  the tool's arguments, ``async def hook(ctx, order, amount)`` (as the PydanticAI
+  integration's and tether's own tools' do), or the model's call as tether's tool gets it,
+  ``async def hook(ctx, call_id, arguments)`` (the arguments as the model's JSON text);
+  which one is read from its signature, and one that fits neither (or is not async) is
+  refused, naming the tool. It returns ``None`` (it never happened), the tool's value
+  (made into the call's output as a run of the tool would), or a ``function_call_output``
+  item for the call; one that cannot be used sends the task to a person, naming the hook.
 - **A handoff is a frame on the task stack** (``Spawn``); ``on_handoff`` runs in the plan, so
   again only if the worker dies before the plan is committed. **Input guardrails** are one
   tether call before the first model call; a tripwire fails the task.
@@ -27,17 +35,27 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pydantic_core
 
-from tether.agent import Agent, CutOff, TaskView
-from tether.agents.model_calls import ModelError, RequestOptions, RetryPolicy, check_finish, with_retries
+from tether import dialog
+from tether.agent import DialogPosition, TaskView
+from tether.agents import prompt
+from tether.agents.base import ModelAgent, hook_takes_call
+from tether.agents.model_calls import ModelError, RequestOptions, RetryPolicy, check_finish
 from tether.errors import ConfigurationError, MissingExtra, NeedsPerson
-from tether.model import Action, Fail, Finish, Spawn, ToolCall, action_from_dict, action_to_dict
-from tether.tools import Tool, ToolContext, ToolPolicy, current_call, running
+from tether.model import Action, Fail, Finish, Spawn, ToolCall
+from tether.tools import (
+    ReconcileFn,
+    Tool,
+    ToolContext,
+    ToolPolicy,
+    current_call,
+    hook_name,
+    running,
+)
 
 try:
     import agents
@@ -57,8 +75,13 @@ HANDOFF = "tether_handoff"
 """The ``Spawn`` input entry naming a handoff (from, to, call_id)."""
 AGAIN = 3
 """Model calls one plan may make when an answer only holds calls that cannot be made."""
-CUT = " [cut off: interrupted before the answer was finished]"
+SKIPPED = "skipped: a person decided this call is not made"
+ARGUMENTS_QUOTED = 400
+"""How much of a call's unparsable arguments its error quotes back to the model."""
 NOT_MADE = "error: this call was not made (its plan was dropped)"
+CALL = ("call_id", "arguments")
+"""The arguments of tether's tool for an SDK tool: a reconcile hook that takes these gets
+the model's call, else it gets the tool's own arguments."""
 __all__ = ["KEY", "OpenAIAgentsAgent", "current_call", "items_of"]
 HOSTED = (agents.FileSearchTool, agents.WebSearchTool, agents.HostedMCPTool,
           agents.CodeInterpreterTool, agents.ImageGenerationTool, agents.ToolSearchTool)
@@ -77,22 +100,20 @@ class _Turn:
     output_schema: agents.AgentOutputSchemaBase | None
 
 
-class OpenAIAgentsAgent(Agent):
+class OpenAIAgentsAgent(ModelAgent):
     """An ``agents.Agent`` (and the agents it hands off to) as a tether agent (see the module
     docstring). *context* is the SDK's run context object, given to tools and guardrails."""
 
-    commit_plans = True
     input_required = True
 
     def __init__(self, agent: SDKAgent[Any], *, tools: Mapping[str, ToolPolicy] | None = None,
-                 run_config: RunConfig | None = None, context: Any = None, stream: bool = True,
-                 retry: RetryPolicy | None = None, version: str = "1") -> None:
+                 run_config: RunConfig | None = None, context: Any = None,
+                 stream: bool | None = None, retry: RetryPolicy | None = None,
+                 version: str = "1") -> None:
+        super().__init__(retry=retry, stream=stream, version=version)
         self.agent = agent
         self.run_config = run_config or RunConfig()
         self.context = context
-        self.stream = stream
-        self.retry = retry or RetryPolicy()
-        self.version = version
         self.agents = _agents(agent)
         self.tools, self.owners = _function_tools(self.agents.values())
         _check(self.agents.values(), self.run_config)
@@ -101,6 +122,11 @@ class OpenAIAgentsAgent(Agent):
         if unknown:
             raise ConfigurationError(f"tools= names {', '.join(unknown)}, which the SDK agents do"
                                      f" not have (they have: {', '.join(sorted(self.tools))})")
+        self.reconcilers: dict[str, ReconcileFn] = {
+            name: _reconciler(name, self.tools[name], policy.reconcile)
+            for name, policy in self.policies.items() if policy.reconcile is not None}
+        """Each hook of ``tools=``, checked now and wrapped so that what it returns is checked
+        when it returns (see the module docstring)."""
 
     # ------------------------------------------------------------------ registration
 
@@ -119,14 +145,8 @@ class OpenAIAgentsAgent(Agent):
         run.__doc__ = f"Agents SDK tool {name}, run through tether."
         policy = self.policies.get(name, ToolPolicy())
         tool = dataclasses.replace(policy, reconcile=None).tool(run, f"{self.name}.{name}")
-        if policy.reconcile is not None:
-            asked = policy.reconcile
-
-            async def reconcile(ctx: ToolContext, call_id: str, arguments: str) -> Any:
-                value = await asked(ctx, **json.loads(arguments or "{}"))
-                return None if value is None else _output(call_id, value)
-
-            tool.reconcile(reconcile)
+        if name in self.reconcilers:
+            tool.reconcile(self.reconcilers[name])
         return tool
 
     @property
@@ -138,17 +158,13 @@ class OpenAIAgentsAgent(Agent):
 
     # ------------------------------------------------------------------ planning
 
-    async def plan(self, task: TaskView) -> Action:
-        queued = task.scratch.get("queued") or []
-        if queued:  # the rest of an answer already paid for: no new completion
-            task.scratch["queued"] = queued[1:]
-            return action_from_dict(queued[0])
-        if "handed_off" in task.scratch:  # the target's frame has ended: its outcome is ours
+    async def plan(self, task: TaskView) -> Action | list[Action]:
+        if _handoff_ended(task):  # the target's frame has ended: its outcome is ours
             return Fail(task.child_error) if task.child_error else Finish(task.child_result)
         checked = self._guard(task)
         if checked is not None:
             return checked
-        items = items_of(task.history, _opening(_input(task)), f"{self.name}.")
+        items = self._items(task)
         used = any(item.get("type") == "function_call_output" for item in items)
         turn = await self._turn(self._active(task), used)
         for _ in range(AGAIN):
@@ -160,9 +176,14 @@ class OpenAIAgentsAgent(Agent):
                 _record(task, turn.model, response, seconds, extra)
             if action is not None:
                 return action
-            items = [*items, *_plain(response.to_input_items()), *extra]
+            items = [*items, *_replayable(_plain(response.to_input_items())), *extra]
         raise ModelError(f"agent {self.name}: {AGAIN} answers in a row held only calls of tools"
                          f" that {turn.agent.name!r} does not have")
+
+    def _items(self, task: TaskView) -> list[dict[str, Any]]:
+        value = _input(task)
+        key = _text(value)
+        return self.kept(task, lambda: Items(_opening(value), f"{self.name}.", key), key).result()
 
     def _active(self, task: TaskView) -> SDKAgent[Any]:
         handoff = _handoff_of(task.input)
@@ -222,31 +243,35 @@ class OpenAIAgentsAgent(Agent):
 
     async def _request(self, turn: _Turn, items: list[dict[str, Any]]
                        ) -> tuple[ModelResponse, float]:
-        started = time.monotonic()
         partial: list[str] = []
         args = {**turn.args, "input": items}
 
         async def once() -> ModelResponse:
-            if not self.stream:
+            if not self.streams():
                 return await turn.model.get_response(**args)
             partial.clear()
-            return await _streamed(turn.model.stream_response(**args), partial)
+            try:
+                return await _streamed(turn.model.stream_response(**args), partial)
+            except NotImplementedError as error:  # a model that answers plain requests only
+                if not self.learn_cannot_stream(error):
+                    raise
+                return await turn.model.get_response(**args)
 
-        try:
-            response = await with_retries(once, self.retry, f"agent {self.name}", shared=bool(self.limits))
-        except asyncio.CancelledError:  # a P0 (or a stop): keep what was said so far
-            raise CutOff("".join(partial)) from None
-        return response, time.monotonic() - started
+        return await self.request(once, f"agent {self.name}", lambda: "".join(partial))
 
     async def _act(self, task: TaskView, turn: _Turn, response: ModelResponse,
-                   extra: list[dict[str, Any]]) -> Action | None:
+                   extra: list[dict[str, Any]]) -> Action | list[Action] | None:
         """The actions an answer asks for; None when it only asked for calls that cannot be
         made (each is told why in *extra*, as the SDK's ``return_error_to_model`` does)."""
         calls = [item for item in response.output if isinstance(item, ResponseFunctionToolCall)]
         actions: list[Action] = []
         handoff: Action | None = None
         for call in calls:
-            if call.name in turn.tools:
+            if call.name in turn.tools and prompt.parsed_object(call.arguments) is None:
+                extra.append(_output(call.call_id, (
+                    f"error: the arguments for {call.name} are not a JSON object, so this call"
+                    f" was not made. You sent: {prompt.clip(call.arguments, ARGUMENTS_QUOTED)}")))
+            elif call.name in turn.tools:
                 actions.append(ToolCall(f"{self.name}.{call.name}",
                                         {"call_id": call.call_id, "arguments": call.arguments}))
             elif call.name in turn.handoffs and handoff is None:
@@ -257,8 +282,7 @@ class OpenAIAgentsAgent(Agent):
                 extra.append(_output(call.call_id, why))
         actions += [handoff] if handoff is not None else []
         if actions:
-            task.scratch["queued"] = [action_to_dict(a) for a in actions[1:]]
-            return actions[0]
+            return actions  # the engine holds the answer: a newer message may set it aside
         return None if calls else Finish(_final(turn, response))
 
     async def _handoff(self, task: TaskView, turn: _Turn, call: ResponseFunctionToolCall,
@@ -271,7 +295,7 @@ class OpenAIAgentsAgent(Agent):
                                      f" {target!r:.80}, which tether did not find among the"
                                      " handoffs when the agent was added")
         extra.append(_output(call.call_id, handoff.get_transfer_message(target)))
-        task.scratch["handed_off"] = target.name
+        task.scratch["handed_off"] = {"to": target.name, "at": len(task.history)}
         return Spawn(self.name, {HANDOFF: {"from": turn.agent.name, "to": target.name,
                                            "call_id": call.call_id}, "input": _input(task)})
 
@@ -294,6 +318,53 @@ class OpenAIAgentsAgent(Agent):
                                                arguments=arguments)
         return dict(ItemHelpers.tool_call_output_item(call, value,
                                                       output_json_schema=tool.output_json_schema))
+
+
+# ---------------------------------------------------------------------------- reconcile hooks
+
+
+def _reconciler(name: str, tool: FunctionTool, hook: ReconcileFn) -> ReconcileFn:
+    """*hook* of the SDK tool *name*, checked against it now (refused with the signatures it
+    may have) and wrapped as tether's tool is called: with the model's call. It is given
+    the tool's arguments or the call, as its signature says (see :data:`CALL`)."""
+    takes_call, properties = hook_takes_call(
+        name, hook, tool.params_json_schema or {}, CALL,
+        "async def hook(ctx, call_id: str, arguments: str)")
+
+    async def reconcile(ctx: ToolContext, call_id: str, arguments: str) -> Any:
+        if takes_call:
+            found = await hook(ctx, call_id=call_id, arguments=arguments)
+        else:
+            args = json.loads(arguments or "{}")
+            found = await hook(ctx, **{k: v for k, v in args.items() if k in properties})
+        return None if found is None else _found_output(found, call_id, tool, hook, ctx.tool)
+
+    reconcile.__doc__ = f"The reconcile hook {hook_name(hook)} of SDK tool {name}."
+    return reconcile
+
+
+def _found_output(value: Any, call_id: str, tool: FunctionTool, hook: Any,
+                  tether_tool: str) -> dict[str, Any]:
+    """What a reconcile hook found, as the call's ``function_call_output``: an item for this
+    call as it is, else the value made into one as a run of the tool would (its output
+    schema too). One that cannot be is refused, naming the hook and the value's type."""
+    def refuse(why: str) -> ConfigurationError:
+        return ConfigurationError(
+            f"reconcile hook {hook_name(hook)} of tool {tether_tool!r} returned a value of"
+            f" type {type(value).__name__}, which cannot be the output of call {call_id!r} ({why});"
+            " return the tool's value, a function_call_output item for the call, or None if"
+            " it never happened")
+
+    if isinstance(value, Mapping) and value.get("type") == "function_call_output":
+        item = {"call_id": call_id, **value}
+        if item["call_id"] != call_id or "output" not in item:
+            raise refuse(f"it is an output for call {item['call_id']!r}" if "output" in item
+                         else "it has no output")
+        return dict(pydantic_core.to_jsonable_python(item))
+    try:
+        return _output(call_id, value, tool.output_json_schema)
+    except Exception as error:  # the SDK's own conversion refused it
+        raise refuse(f"{type(error).__name__}: {error}") from None
 
 
 # ---------------------------------------------------------------------------- the agent graph
@@ -433,58 +504,82 @@ def items_of(rows: Sequence[Mapping[str, Any]], opening: Sequence[Mapping[str, A
              prefix: str = "") -> list[dict[str, Any]]:
     """The SDK input items a task's dialog rows hold, after *opening* (the task's input): each
     completion's items, each tool's output, and the user's messages and cut-off answers in
-    between. Providers want every call answered before the conversation goes on, so a message
-    that came while calls were open follows their outputs, and a call never made (its plan
-    was dropped by a person's resume) is answered as such."""
-    items = [dict(item) for item in opening]
-    held: list[dict[str, Any]] = []
-    open_calls: dict[str, None] = {}  # call ids, in order
-    call_ids: dict[str, str] = {}
-    for row in rows:
-        if "tool_call" in row:
-            call = row["tool_call"]
-            if str(call.get("name", "")).startswith(prefix):
-                call_ids[str(call.get("key"))] = str((call.get("args") or {}).get("call_id", ""))
-            continue
-        if row.get("role") == "model" and open_calls:  # the calls of a dropped plan
-            items, held = [*items, *(_output(c, NOT_MADE) for c in open_calls), *held], []
-            open_calls.clear()
-        for item in _items(row, call_ids, prefix):
-            if row.get("role") != "model" and "role" in item and open_calls:
-                held.append(item)
+    between (see :class:`Items`)."""
+    decoded = Items(opening, prefix, "")
+    decoded.feed(rows)
+    return decoded.result()
+
+
+class Items:
+    """A task's SDK input items, decoded as its rows come: a running task feeds only the rows
+    added since its last plan (:meth:`tether.agents.base.ModelAgent.kept`). Providers want
+    every call answered before the conversation goes on, so a message that came while calls
+    were open follows their outputs, and a call never made (its plan was dropped by a
+    person's resume) is answered as such."""
+
+    def __init__(self, opening: Sequence[Mapping[str, Any]], prefix: str, key: str) -> None:
+        self.items = [dict(item) for item in opening]
+        self.held: list[dict[str, Any]] = []
+        self.open_calls: dict[str, None] = {}  # call ids, in order
+        self.call_ids: dict[str, str] = {}
+        self.prefix = prefix
+        self.opening = key
+        self.position: DialogPosition | None = None
+
+    def feed(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        for row in map(dialog.read, rows):
+            if isinstance(row, dialog.CallRow):
+                if row.name.startswith(self.prefix):
+                    self.call_ids[row.key] = str(row.args.get("call_id", ""))
                 continue
-            items.append(item)
+            if isinstance(row, dialog.Completion) and self.open_calls:  # a dropped plan's calls
+                self.items += [*(_output(c, NOT_MADE) for c in self.open_calls), *self.held]
+                self.held = []
+                self.open_calls.clear()
+            self._take(row)
+
+    def _take(self, row: dialog.DialogRow) -> None:
+        for item in _items(row, self.call_ids, self.prefix):
+            if not isinstance(row, dialog.Completion) and "role" in item and self.open_calls:
+                self.held.append(item)
+                continue
+            self.items.append(item)
             if item.get("type") == "function_call":
-                open_calls[str(item.get("call_id"))] = None
+                self.open_calls[str(item.get("call_id"))] = None
             elif item.get("type") == "function_call_output":
-                open_calls.pop(str(item.get("call_id")), None)
-        if held and not open_calls:
-            items, held = [*items, *held], []
-    return [*items, *(_output(c, NOT_MADE) for c in open_calls), *held]
+                self.open_calls.pop(str(item.get("call_id")), None)
+        if self.held and not self.open_calls:
+            self.items += self.held
+            self.held = []
+
+    def result(self) -> list[dict[str, Any]]:
+        """The items so far (copies: the SDK may change what it is given)."""
+        return [dict(item) for item in (*self.items, *(_output(c, NOT_MADE) for c in
+                                                       self.open_calls), *self.held)]
 
 
-def _items(row: Mapping[str, Any], call_ids: Mapping[str, str],
+def _items(row: dialog.DialogRow, call_ids: Mapping[str, str],
            prefix: str) -> list[dict[str, Any]]:
     """What one dialog row adds to the conversation."""
-    role = row.get("role")
-    if role == "model":
-        return [dict(item) for item in row.get("messages") or []]
-    if row.get("cut_off"):
-        return [{"role": "assistant", "content": _text(row.get("content")) + CUT}]
-    if role == "tool":
-        content = row.get("content")
+    if isinstance(row, dialog.Completion):
+        return _replayable(row.messages)
+    if isinstance(row, dialog.ReplyRow):
+        return [{"role": "assistant", "content": _text(row.text) + dialog.CUT_OFF}] \
+            if row.cut_off else []
+    if isinstance(row, dialog.ResultRow):
+        content = row.content
         if isinstance(content, Mapping) and content.get("type") == "function_call_output":
             return [dict(content)]
-        call_id = call_ids.get(str(row.get("key")))
-        if call_id is None or not str(row.get("name", "")).startswith(prefix):
+        call_id = call_ids.get(row.key)
+        if call_id is None or not row.name.startswith(prefix):
             return []  # not a function tool's (the guardrail check, say)
-        if "error" in row:
-            return [_output(call_id, f"error: {row['error']}")]
-        skipped = "skipped: a person decided this call is not made"
-        return [_output(call_id, skipped if row.get("skipped") else _text(content))]
-    if role in ("user", "event"):
-        label = "" if row.get("type") in (None, "user_message") else f"[{row.get('type')}] "
-        return [{"role": "user", "content": label + _text(row.get("content"))}]
+        if row.error is not None:
+            return [_output(call_id, f"error: {row.error}")]
+        return [_output(call_id, SKIPPED if row.skipped else _text(content))]
+    if isinstance(row, dialog.UserRow | dialog.EventRow):
+        return [{"role": "user", "content": dialog.spoken(row, _text(row.content))}]
+    if isinstance(row, dialog.Decision):
+        return [{"role": "user", "content": f"[decide] {_text(row.content)}"}]
     return []
 
 
@@ -505,10 +600,10 @@ def _handoff_of(value: Any) -> dict[str, Any] | None:
     return value.get(HANDOFF) if isinstance(value, dict) else None
 
 
-def _output(call_id: str, value: Any) -> dict[str, Any]:
+def _output(call_id: str, value: Any, schema: dict[str, Any] | None = None) -> dict[str, Any]:
     """A ``function_call_output`` item, the way the SDK turns a tool's value into one."""
     call = ResponseFunctionToolCall(type="function_call", call_id=call_id, name="", arguments="")
-    return dict(ItemHelpers.tool_call_output_item(call, value))
+    return dict(ItemHelpers.tool_call_output_item(call, value, output_json_schema=schema))
 
 
 def _plain(items: Sequence[Any]) -> list[dict[str, Any]]:
@@ -517,3 +612,26 @@ def _plain(items: Sequence[Any]) -> list[dict[str, Any]]:
 
 def _text(value: Any) -> str:
     return value if isinstance(value, str) else pydantic_core.to_json(value).decode()
+
+
+def _handoff_ended(task: TaskView) -> bool:
+    """Whether a handoff this frame's answer made has run and its frame ended since (a
+    ``finish``/``fail`` row after the answer). A newer message may have set the handoff
+    aside with the rest of the answer: then the agent plans again."""
+    handed = task.scratch.pop("handed_off", None)
+    if not isinstance(handed, dict):
+        return handed is not None  # format 9: handed off when planned, and run in order
+    return any(row.get("role") == "system" and row.get("event") in ("finish", "fail")
+               for row in task.history[int(handed.get("at", 0)):])
+
+
+def _replayable(items: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Items as a model is sent them again: a function call whose arguments are not a JSON
+    object is replayed with ``{}`` (a strict server, llama.cpp's, answers HTTP 500 to every
+    request holding one); its output says what the model sent. The row keeps them as sent."""
+    out = [dict(item) for item in items]
+    for item in out:
+        if item.get("type") == "function_call" and \
+                prompt.parsed_object(item.get("arguments", "")) is None:
+            item["arguments"] = "{}"
+    return out

@@ -14,9 +14,21 @@ does for its own agents:
   side-effect and idempotency flags per tool (:class:`tether.ToolPolicy`; a tool not
   named is taken to have a side effect, so a crash mid-call is never followed by a blind
   repeat), ``reconcile`` hooks, retries and fingerprints. The tool still runs through
-  PydanticAI's own machinery (argument validation, ``RunContext``, ``ModelRetry``): tether
-  hands PydanticAI a history holding just that call and takes the result it produces.
-  The key is in ``ctx.metadata["tether_idempotency_key"]``, or from :func:`current_call`.
+  PydanticAI's own machinery (argument validation, ``RunContext``, ``ModelRetry``): in the
+  process that planned it, by the tool manager of the plan's step, as a plain run would
+  (no second ``agent.iter`` per call; the tool's ``ctx.messages`` is the whole history);
+  elsewhere (after a crash, a load, a rollback or a fork) from a history holding just that
+  call. Both give the same parts. The key is in ``ctx.metadata["tether_idempotency_key"]``,
+  or from :func:`current_call`.
+- **Reconcile hooks are checked when the agent is made**, not at crash time. A hook takes
+  the tool's arguments, ``async def hook(ctx, order, amount)`` (as the Agents SDK
+  integration's and tether's own tools' do), or the model's call as tether's tool gets it,
+  ``async def hook(ctx, tool_call_id, args)``; which one is read from its signature, and
+  one that fits neither (or is not async) is refused, naming the tool. What it returns is
+  checked when it returns: ``None`` (it never happened), PydanticAI's parts for the call,
+  or any plain value, which becomes the call's tool return; anything else sends the task
+  to a person, naming the hook. So the rebuilt history always answers the call once, and
+  the model never asks for it again.
 - **The PydanticAI message history lives in the task**, serialised with PydanticAI's own
   ``ModelMessagesTypeAdapter``: each completion's new messages in its ``model`` dialog row,
   each tool's result parts in its ``tool`` row. Rows are appended, never rewritten; a
@@ -40,22 +52,35 @@ Not yet covered: tools PydanticAI defers to run elsewhere (``CallDeferred``).
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Mapping, Sequence
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pydantic_core
 
-from tether.agent import Agent, CutOff, TaskView
-from tether.agents.model_calls import ModelError, RetryPolicy, with_retries
+from tether import dialog
+from tether.agent import CutOff, DialogPosition, TaskView
+from tether.agents.base import PENDING, ModelAgent, approval_wait, hook_takes_call
+from tether.agents.model_calls import ModelError, RetryPolicy
 from tether.errors import ConfigurationError, MissingExtra
-from tether.model import Action, Finish, ToolCall, Wait, action_from_dict, action_to_dict
-from tether.tools import KEY_IN_META, Tool, ToolContext, ToolPolicy, current_call, running
+from tether.model import Action, Finish, ToolCall, Wait
+from tether.tools import (
+    KEY_IN_META,
+    ReconcileFn,
+    Tool,
+    ToolContext,
+    ToolPolicy,
+    check_hook,
+    current_call,
+    hook_name,
+    running,
+)
 
 try:
     import pydantic_ai
     from pydantic_ai import (
         CallToolsNode,
+        DeferredToolRequests,
         DeferredToolResults,
         ModelMessagesTypeAdapter,
         ModelRequestNode,
@@ -64,45 +89,65 @@ try:
         ModelMessage,
         ModelRequest,
         ModelResponse,
+        RetryPromptPart,
         TextPart,
         ToolCallPart,
+        ToolReturn,
+        ToolReturnPart,
         UserPromptPart,
     )
+    from pydantic_ai.models.function import FunctionModel
     from pydantic_ai.toolsets import FunctionToolset
     from pydantic_graph import End
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise MissingExtra("the PydanticAI integration needs pydantic-ai", "pydantic-ai") from exc
+try:  # the helpers PydanticAI's graph (its CallToolsNode) makes a settled call's parts with
+    from pydantic_ai import _tool_execution as graph
+    from pydantic_ai import exceptions as failures
+    from pydantic_ai.messages import ToolAvailabilityDeltaPart
+    IN_PLACE = all(hasattr(graph, name) for name in (
+        "build_tool_return_part", "cancelled_sub_agent_return", "tool_bound_retry_part",
+        "_reject_unloaded_capability_reveals"))
+    """A call may run through its plan's tool manager (:func:`_run_planned`); False with a
+    PydanticAI that lacks those helpers: every call is run from a history."""
+except ImportError:  # pragma: no cover - another PydanticAI version
+    IN_PLACE = False
 
 KEY = "tether_idempotency_key"
 """The ``RunContext.metadata`` entry holding a tool call's idempotency key."""
 AGAIN = 3
 """Model requests one plan may make when PydanticAI itself asks again (invalid output)."""
-CUT = " [cut off: interrupted before the answer was finished]"
 OTHER = "toolsets"
 """The tether tool (``<agent>.toolsets``) that runs the tools of the agent's other toolsets."""
 __all__ = ["KEY", "PydanticAIAgent", "current_call", "messages_of"]
-PENDING = "pending"
-"""A queued call's approval before the ``approval`` event came."""
+CALL = ("tool_call_id", "args")
+"""The arguments of tether's tool for a PydanticAI tool: a reconcile hook that takes these
+gets the model's call (the older shape), else it gets the tool's own arguments."""
+RETURNS = ("tool-return", "retry-prompt")
+"""The parts that answer a tool call (PydanticAI's ``part_kind``)."""
+SKIPPED = "skipped: a person decided this call is not made"
+DEFERRED = "deferred"
+"""What a tool that raised ``CallDeferred`` returns to tether: its call waits for its result."""
+DEFERRED_EVENT = "tool_result"
+"""The event that answers a deferred call: ``{"tool_call_id": ..., "result": ...}``."""
 
-class PydanticAIAgent(Agent):
+
+class PydanticAIAgent(ModelAgent):
     """A ``pydantic_ai.Agent`` as a tether agent (see the module docstring)."""
 
-    commit_plans = True
     input_required = True
 
     def __init__(self, agent: pydantic_ai.Agent[Any, Any], *,
                  tools: Mapping[str, ToolPolicy] | None = None,
                  other_tools: ToolPolicy | None = None, deps: Any = None,
-                 stream: bool = True, retry: RetryPolicy | None = None,
+                 stream: bool | None = None, retry: RetryPolicy | None = None,
                  approval_timeout: float | None = None, version: str = "1") -> None:
+        super().__init__(retry=retry, stream=stream, version=version)
         self.agent = agent
         self.deps = deps
-        self.stream = stream
-        self.retry = retry or RetryPolicy()
         self.approval_timeout = approval_timeout
         """How long a call that needs approval waits for one (None: until it comes); no
         answer in time is a denial."""
-        self.version = version
         self.policies = dict(tools or {})
         self.other_tools = other_tools or ToolPolicy()
         """How the tools of the agent's other toolsets (MCP servers, say) are treated: one
@@ -110,11 +155,18 @@ class PydanticAIAgent(Agent):
         for toolset in self._other_toolsets():
             if hasattr(toolset, "process_tool_call"):  # an MCPToolset
                 _send_key(toolset)
-        names = set(self._function_tools())
-        unknown = sorted(set(self.policies) - names)
+        functions = self._function_tools()
+        unknown = sorted(set(self.policies) - set(functions))
         if unknown:
             raise ConfigurationError(f"tools= names {', '.join(unknown)}, which the PydanticAI"
-                                     f" agent does not have (it has: {', '.join(sorted(names))})")
+                                     f" agent does not have (it has: {', '.join(sorted(functions))})")
+        self.reconcilers: dict[str, ReconcileFn] = {
+            name: _reconciler(name, functions[name], policy.reconcile)
+            for name, policy in self.policies.items() if policy.reconcile is not None}
+        """Each hook of ``tools=``, checked now and wrapped so that what it returns is checked
+        when it returns (see the module docstring)."""
+        if self.other_tools.reconcile is not None:
+            self.reconcilers[OTHER] = _toolsets_reconciler(self.other_tools.reconcile)
 
     # ------------------------------------------------------------------ registration
 
@@ -122,12 +174,17 @@ class PydanticAIAgent(Agent):
         """One tether tool per PydanticAI function tool, named ``<agent>.<tool>``, and one,
         ``<agent>.toolsets``, for the tools of its other toolsets (an MCP server's: they are
         only known once the server is asked, while the run goes on)."""
-        tools = [self.policies.get(name, ToolPolicy()).tool(self._tool_fn(name),
-                                                            f"{self.name}.{name}")
+        tools = [self._tool(self.policies.get(name, ToolPolicy()), self._tool_fn(name), name)
                  for name in self._function_tools()]
         if self._other_toolsets():
-            tools.append(self.other_tools.tool(self._toolsets_fn(), f"{self.name}.{OTHER}"))
+            tools.append(self._tool(self.other_tools, self._toolsets_fn(), OTHER))
         return tools
+
+    def _tool(self, policy: ToolPolicy, fn: Any, name: str) -> Tool:
+        tool = dataclasses.replace(policy, reconcile=None).tool(fn, f"{self.name}.{name}")
+        if name in self.reconcilers:
+            tool.reconcile(self.reconcilers[name])
+        return tool
 
     def _other_toolsets(self) -> list[Any]:
         return [t for t in self.agent.toolsets if not isinstance(t, FunctionToolset)]
@@ -161,18 +218,23 @@ class PydanticAIAgent(Agent):
 
     # ------------------------------------------------------------------ planning
 
-    async def plan(self, task: TaskView) -> Action:
-        queued = task.scratch.get("queued") or []
-        if queued:  # the rest of an answer already paid for: no new completion
-            task.scratch["queued"] = queued[1:]
-            return _with_decision(action_from_dict(queued[0]), task)
-        history = messages_of(task.history, task.input, f"{self.name}.")
+    async def plan(self, task: TaskView) -> Action | list[Action]:
+        opening = _text(task.input)
+        dialog = self.kept(task, lambda: Dialog(opening, f"{self.name}."), opening)
+        dialog.planned = None  # only the newest plan's calls may run through its manager
+        if dialog.awaiting:  # a tool deferred its call: the model waits for its result
+            return Wait(DEFERRED_EVENT, timeout=self.approval_timeout)
+        history = dialog.messages()
         prompt = None if history else _text(task.input)
         for _ in range(AGAIN):
-            response, new, runnable = await self._request(task, history, prompt)
+            response, new, manager = await self._request(task, history, prompt)
+            runnable = {d.name for d in manager.tool_defs if d.kind in ("function", "unapproved")}
             calls = [part for part in response.parts if isinstance(part, ToolCallPart)
                      and part.tool_name in runnable]
             if calls:
+                row = task.completions[-1].get("messages") if task.completions else None
+                dialog.planned = None if row is None else Planned(
+                    manager, {call.tool_call_id: call for call in calls}, row)
                 return self._calls(task, calls)
             history, prompt = [*history, *new], None
             done = await self._settle(history)
@@ -183,7 +245,7 @@ class PydanticAIAgent(Agent):
         raise ModelError(f"agent {self.name}: PydanticAI asked the model again {AGAIN} times in"
                          " one step without getting an answer it accepts")
 
-    def _calls(self, task: TaskView, calls: list[ToolCallPart]) -> Action:
+    def _calls(self, task: TaskView, calls: list[ToolCallPart]) -> list[Action]:
         """The calls as tether actions; one that needs approval waits for an ``approval``
         event first (a person answers from the console, the CLI or a webhook)."""
         tools = self._function_tools()
@@ -194,31 +256,27 @@ class PydanticAIAgent(Agent):
                 actions.append(ToolCall(f"{self.name}.{OTHER}", {**args, "tool": call.tool_name}))
                 continue
             if tools[call.tool_name].requires_approval:
-                actions.append(Wait("approval", timeout=self.approval_timeout))
+                actions.append(approval_wait(self.approval_timeout))
                 args["approval"] = PENDING
             actions.append(ToolCall(f"{self.name}.{call.tool_name}", args))
-        task.scratch["queued"] = [action_to_dict(a) for a in actions[1:]]
-        return actions[0]
+        return actions  # the engine holds the answer: a newer message may set it aside
 
     async def _request(self, task: TaskView, history: list[ModelMessage], prompt: str | None
-                       ) -> tuple[ModelResponse, list[ModelMessage], set[str]]:
+                       ) -> tuple[ModelResponse, list[ModelMessage], Any]:
         """One model request from *history*; it and the messages it added are recorded.
-        Also returns the names of the tools tether runs (not output tools)."""
-        started = time.monotonic()
-        response, new, runnable = await with_retries(lambda: self._one_request(history, prompt),
-                                                     self.retry, f"agent {self.name}",
-                                                     shared=bool(self.limits))
+        Also returns the run's tool manager, as prepared for the step that made the request."""
+        (response, new, manager), seconds = await self.request(
+            lambda: self._one_request(history, prompt), f"agent {self.name}")
         carried = task.scratch.pop("carried", None) or []
         usage = response.usage
         task.record_completion(response.model_name or "unknown", finish_reason=response.finish_reason,
                                usage={"prompt_tokens": usage.input_tokens,
                                       "completion_tokens": usage.output_tokens},
-                               seconds=time.monotonic() - started,
-                               messages=[*carried, *_dump(new)])
-        return response, new, runnable
+                               seconds=seconds, messages=[*carried, *_dump(new)])
+        return response, new, manager
 
     async def _one_request(self, history: list[ModelMessage], prompt: str | None
-                           ) -> tuple[ModelResponse, list[ModelMessage], set[str]]:
+                           ) -> tuple[ModelResponse, list[ModelMessage], Any]:
         streams: list[Any] = []
         try:
             async with self.agent.iter(prompt, message_history=history, deps=self.deps) as run:
@@ -226,17 +284,21 @@ class PydanticAIAgent(Agent):
                 while not isinstance(node, CallToolsNode):
                     if isinstance(node, End):
                         raise ConfigurationError("PydanticAI ended the run before asking the model")
-                    if isinstance(node, ModelRequestNode) and self.stream:
+                    if isinstance(node, ModelRequestNode) and self.streams():
                         async with node.stream(run.ctx) as streamed:
                             streams.append(streamed)
                             async for _ in streamed:
                                 pass
                     node = await run.next(node)
-                tools = run.ctx.deps.tool_manager
-                runnable = {d.name for d in tools.tool_defs if d.kind in ("function", "unapproved")}
-                return node.model_response, run.all_messages()[len(history):], runnable
+                return node.model_response, run.all_messages()[len(history):], run.ctx.deps.tool_manager
         except asyncio.CancelledError:  # a P0 (or a stop), once PydanticAI has unwound
             raise CutOff(_text_of(streams[-1].response) if streams else "") from None
+
+    def can_stream(self) -> bool:
+        """A ``FunctionModel`` made without a ``stream_function`` (as PydanticAI's docs write
+        them) cannot; it gets plain requests."""
+        model = self.agent.model
+        return not (isinstance(model, FunctionModel) and model.stream_function is None)
 
     async def _settle(self, history: list[ModelMessage]) -> Any:
         """Let PydanticAI handle an answer with no function-tool calls: the output (validated,
@@ -251,24 +313,167 @@ class PydanticAIAgent(Agent):
 
     # ------------------------------------------------------------------ tools
 
+    async def prepare(self, task: TaskView, action: Action) -> Action:
+        """The approval, as every model agent's; and a call of this process's newest plan is
+        armed to run through that plan's tool manager, but only while the task's rows are the
+        ones that plan read, added to (:meth:`tether.agent.HistoryView.since`), its own model
+        row among them (the object it recorded): after a load, a rollback or a fork the call
+        runs from a history, as in a process that did not plan it."""
+        action = await super().prepare(task, action)
+        dialog: Dialog | None = self.dialogs.get(task.task_id)
+        if dialog is not None and dialog.planned is not None and dialog.position is not None:
+            since = task.history.since(dialog.position)
+            dialog.planned.arm(action if isinstance(action, ToolCall) else None, since,
+                               f"{self.name}.")
+        return action
+
+    def _manager_for(self, ctx: ToolContext, call: ToolCallPart) -> Any:
+        """The tool manager *call* was armed with by :meth:`prepare` (once), or None."""
+        dialog: Dialog | None = self.dialogs.get(ctx.task_id)
+        planned = dialog.planned if dialog is not None else None
+        if planned is None or planned.armed != call.tool_call_id or not IN_PLACE:
+            return None
+        planned.armed = None
+        known = planned.calls[call.tool_call_id]
+        same = known.tool_name == call.tool_name and known.args_as_dict() == call.args_as_dict()
+        return planned.manager if same else None
+
     async def _run_tool(self, ctx: ToolContext, call: ToolCallPart,
                         approved: bool = False) -> list[dict[str, Any]]:
-        """Run one call through PydanticAI, from a history holding only that call; returns
-        the parts PydanticAI would send back to the model (its return, or a retry)."""
+        """Run one call through PydanticAI; returns the parts PydanticAI would send back to
+        the model (its return, or a retry). Through the tool manager of the plan that asked
+        for it when this process made that plan, else from a history holding only that call."""
+        manager = self._manager_for(ctx, call)
+        with running(ctx):
+            if manager is not None:
+                return await _run_planned(manager, call, ctx.idempotency_key, approved)
+            return await self._run_from_history(ctx, call, approved)
+
+    async def _run_from_history(self, ctx: ToolContext, call: ToolCallPart,
+                                approved: bool) -> list[dict[str, Any]]:
+        """The fallback: a run of PydanticAI from a history holding only *call*."""
         history: list[ModelMessage] = [
             ModelRequest(parts=[UserPromptPart("(a tool call run by tether)")]),
             ModelResponse(parts=[call])]
         decided = DeferredToolResults(approvals={call.tool_call_id: True}) if approved else None
-        with running(ctx):
-            async with self.agent.iter(None, message_history=history, deps=self.deps,
-                                       deferred_tool_results=decided,
-                                       metadata={KEY: ctx.idempotency_key}) as run:
-                node = run.next_node
-                while not isinstance(node, ModelRequestNode | End):
-                    node = await run.next(node)
+        outputs: Any = [*self._output_types(), DeferredToolRequests]  # a tool may defer its call
+        run: Any
+        async with self.agent.iter(None, message_history=history, deps=self.deps,
+                                   deferred_tool_results=decided, output_type=outputs,
+                                   metadata={KEY: ctx.idempotency_key}) as run:
+            node = run.next_node
+            while not isinstance(node, ModelRequestNode | End):
+                node = await run.next(node)
+        if isinstance(node, End) and isinstance(node.data.output, DeferredToolRequests):
+            deferred = node.data.output
+            return _deferred(call, deferred.kind(call.tool_call_id) if callable(
+                getattr(deferred, "kind", None)) else "external",
+                deferred.metadata.get(call.tool_call_id))
         if isinstance(node, End):
             raise ConfigurationError(f"PydanticAI ended the run instead of running {call.tool_name}")
         return _dump([node.request])[0]["parts"]  # type: ignore[no-any-return]
+
+    def _output_types(self) -> list[Any]:
+        declared = self.agent.output_type
+        return list(declared) if isinstance(declared, list | tuple) else [declared]
+
+
+# ---------------------------------------------------------------------------- reconcile hooks
+
+
+def _reconciler(name: str, tool: Any, hook: ReconcileFn) -> ReconcileFn:
+    """*hook* of the PydanticAI tool *name*, checked against it now (refused with the
+    signatures it may have) and wrapped as tether's tool is called: with the model's call.
+    It is given the tool's arguments or the call, as its signature says (see :data:`CALL`)."""
+    takes_call, properties = hook_takes_call(
+        name, hook, tool.tool_def.parameters_json_schema or {}, CALL,
+        "async def hook(ctx, tool_call_id: str, args: dict[str, Any])")
+
+    async def reconcile(ctx: ToolContext, tool_call_id: str, args: dict[str, Any],
+                        approval: dict[str, Any] | None = None) -> Any:
+        if isinstance(approval, dict) and not approval.get("approved"):
+            return None  # a denied call never ran the tool: it is answered again, as denied
+        if takes_call:
+            found = await hook(ctx, tool_call_id=tool_call_id, args=args)
+        else:
+            found = await hook(ctx, **{k: v for k, v in args.items() if k in properties})
+        return None if found is None else _tool_return(found, name, tool_call_id, hook, ctx.tool)
+
+    reconcile.__doc__ = f"The reconcile hook {hook_name(hook)} of PydanticAI tool {name}."
+    return reconcile
+
+
+def _toolsets_reconciler(hook: ReconcileFn) -> ReconcileFn:
+    """The hook of ``other_tools=``: it carries the tools of several toolsets, so it gets the
+    call (``tool``, ``tool_call_id``, ``args``); checked now, its value when it returns."""
+    names = ("tool", "tool_call_id", "args")
+    check_hook(hook, OTHER, "`async def hook(ctx, tool: str, tool_call_id: str,"
+                            " args: dict[str, Any])`", names)
+
+    async def reconcile(ctx: ToolContext, tool: str, tool_call_id: str,
+                        args: dict[str, Any]) -> Any:
+        found = await hook(ctx, tool=tool, tool_call_id=tool_call_id, args=args)
+        return None if found is None else _tool_return(found, tool, tool_call_id, hook, ctx.tool)
+
+    return reconcile
+
+
+def _tool_return(value: Any, tool_name: str, call_id: str, hook: Any, tool: str
+                 ) -> list[dict[str, Any]]:
+    """What a reconcile hook found, as the parts that answer the call in the history, as a
+    run of the tool would: PydanticAI's own parts (each a ``ModelRequest`` part, or its
+    JSON; exactly one tool return or retry prompt, for this call), or a plain value, which
+    becomes the tool's return. Anything else is refused, naming the hook and the type: a
+    history without the call's return would have the model ask for it again."""
+    given = type(value).__name__
+
+    def refuse(why: str) -> ConfigurationError:
+        return ConfigurationError(
+            f"reconcile hook {hook_name(hook)} of tool {tool!r} returned a value of type"
+            f" {given}, which cannot be the return of tool call {call_id!r} ({why});"
+            " return the tool's value as plain data, PydanticAI's parts for the call, or None"
+            " if it never happened")
+
+    if isinstance(value, ToolReturn):  # what a PydanticAI tool may return itself
+        parts: list[Any] = [ToolReturnPart(tool_name, value.return_value, tool_call_id=call_id,
+                                           metadata=value.metadata)]
+        parts += [UserPromptPart(value.content)] if value.content else []
+        value = parts
+    items = list(value) if isinstance(value, list | tuple) else [value]
+    if not any(_is_part(item) for item in items):
+        try:
+            content = pydantic_core.to_jsonable_python(value)
+        except pydantic_core.PydanticSerializationError as error:
+            raise refuse(f"it is not plain data: {error}") from None
+        wrapped = ToolReturnPart(tool_name, content, tool_call_id=call_id)
+        return _dump([ModelRequest(parts=[wrapped])])[0]["parts"]  # type: ignore[no-any-return]
+    if not all(_is_part(item) for item in items):
+        raise refuse("it mixes PydanticAI parts with other values")
+    raw = [dict(pydantic_core.to_jsonable_python(item)) for item in items]
+    for part in raw:
+        if part.get("part_kind") in RETURNS:
+            part.setdefault("tool_call_id", call_id)
+            part.setdefault("tool_name", tool_name)
+    answers = [part for part in raw if part.get("part_kind") in RETURNS]
+    others = sorted({str(p.get("part_kind")) for p in raw} - {*RETURNS, "user-prompt"})
+    if others:
+        raise refuse(f"parts of kind {', '.join(others)} do not answer a tool call")
+    if [part["tool_call_id"] for part in answers] != [call_id]:
+        raise refuse(f"it holds {len(answers)} tool returns or retry prompts, for tool calls"
+                     f" {[part['tool_call_id'] for part in answers]}; exactly one, for"
+                     f" {call_id!r}, answers the call")
+    try:
+        [request] = ModelMessagesTypeAdapter.validate_python([{"kind": "request", "parts": raw}])
+    except pydantic_core.ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(map(str, first["loc"][3:]))  # past the request's own place
+        raise refuse(f"PydanticAI does not read them as parts: {where} {first['msg']}") from None
+    return _dump([request])[0]["parts"]  # type: ignore[no-any-return]
+
+
+def _is_part(item: Any) -> bool:
+    return isinstance(item, ToolReturnPart | RetryPromptPart | UserPromptPart) or (
+        isinstance(item, Mapping) and "part_kind" in item)
 
 
 def _send_key(toolset: Any) -> None:
@@ -290,21 +495,74 @@ def _send_key(toolset: Any) -> None:
     toolset.process_tool_call = with_key
 
 
-def _with_decision(action: Action, task: TaskView) -> Action:
-    """A call that waited for approval carries the answer: the payload of the ``approval``
-    event that ended the wait (``true``/``false``, or ``{"approved": ..., "reason": ...}``);
-    a wait that timed out is a denial."""
-    if not isinstance(action, ToolCall) or action.args.get("approval") != PENDING:
-        return action
-    event = dict(task.last_event or {})
-    payload = event.get("payload")
-    if event.get("timeout"):
-        decision = {"approved": False, "reason": "No one approved the call in time."}
-    elif isinstance(payload, dict):
-        decision = {"approved": bool(payload.get("approved")), "reason": payload.get("reason")}
+@dataclasses.dataclass
+class Planned:
+    """A plan's calls and the tool manager PydanticAI prepared for the step that asked for
+    them, kept in memory so that each call runs as a plain run's would: no second
+    ``agent.iter`` (a run set up from a history) per tool call."""
+
+    manager: Any
+    calls: dict[str, ToolCallPart]
+    row: object
+    """The messages of the plan's model row, the very object: the rows are still these."""
+    armed: str | None = None
+    """The call :meth:`PydanticAIAgent.prepare` found at the head of the task's agenda, its
+    rows unchanged since the plan: the one call that may run through *manager*, once."""
+
+    def arm(self, action: ToolCall | None, since: Sequence[Mapping[str, Any]] | None,
+            prefix: str) -> None:
+        """Arm *action* if it is one of these calls as planned (same tool, id and arguments;
+        a function tool's: another toolset's, an MCP server's, is left when the run ends)
+        and *since*, the rows added since the plan read them (None: other rows), holds the
+        plan's own model row."""
+        self.armed = None
+        known = self.calls.get(str(action.args.get("tool_call_id"))) if action else None
+        if action is None or known is None or since is None:
+            return
+        if action.name == f"{prefix}{known.tool_name}" \
+                and action.args.get("args") == known.args_as_dict() \
+                and any(row.get("messages") is self.row for row in since):
+            self.armed = known.tool_call_id
+
+
+async def _run_planned(manager: Any, call: ToolCallPart, key: str,
+                       approved: bool) -> list[dict[str, Any]]:
+    """*call* run by its plan's tool manager, as PydanticAI's graph runs it (the manager
+    validates the arguments, runs the hooks and the tool, and makes a ``ModelRetry`` or a
+    validation error the retry part), the key in ``ctx.metadata``; the parts are made by
+    the graph's own helpers. Returns what :meth:`PydanticAIAgent._run_tool` returns."""
+    metadata = {**(manager.ctx.metadata or {}), KEY: key}
+    manager = dataclasses.replace(manager, ctx=dataclasses.replace(manager.ctx, metadata=metadata))
+    parts: list[Any]
+    try:
+        value = await manager.handle_call(call, approved=approved)
+    except failures.ToolRetryError as retry:
+        parts = [graph.tool_bound_retry_part(retry)]
+    except failures.ToolFailedError as failed:
+        parts = [failed.tool_failed]
+    except failures.RunCancelled as cancelled:  # a sub-agent run cancelled itself, not this one
+        parts = [graph.cancelled_sub_agent_return(call, cancelled)]
+    except (failures.CallDeferred, failures.ApprovalRequired) as deferral:
+        kind = "approval" if isinstance(deferral, failures.ApprovalRequired) else \
+            ("question" if deferral.kind == "question" else "external")
+        return _deferred(call, kind, deferral.metadata)
     else:
-        decision = {"approved": payload is True, "reason": None}
-    return ToolCall(action.name, {**action.args, "approval": decision})
+        tool_def = manager.get_tool_def(call.tool_name)
+        part, content, reveals = graph.build_tool_return_part(
+            value, call=call, tool_kind=tool_def.tool_kind if tool_def else None)
+        parts = [part]
+        if reveals:
+            graph._reject_unloaded_capability_reveals(reveals, manager)
+            parts.append(ToolAvailabilityDeltaPart(tools_added=list(dict.fromkeys(reveals)),
+                                                   tool_call_id=call.tool_call_id))
+        parts += [UserPromptPart(content)] if content else []
+    return _dump([ModelRequest(parts=parts)])[0]["parts"]  # type: ignore[no-any-return]
+
+
+def _deferred(call: ToolCallPart, kind: str, metadata: Any) -> list[dict[str, Any]]:
+    """What a call whose tool deferred it returns to tether: it waits for its result."""
+    return [{DEFERRED: {"tool_call_id": call.tool_call_id, "tool": call.tool_name,
+                        "kind": kind, "metadata": metadata}}]
 
 
 def _text_of(response: ModelResponse) -> str:
@@ -320,46 +578,104 @@ def messages_of(rows: Sequence[Mapping[str, Any]], prompt: Any, prefix: str = ""
     completion added, the parts each tool returned, and the user's messages and cut-off
     answers in between. *prompt* (the task's input) opens it when no completion recorded
     the opening request (the first answer was cut off)."""
-    raw: list[dict[str, Any]] = []
-    pending: list[dict[str, Any]] = []
-    calls: dict[str, tuple[str, str]] = {}
-    for row in rows:
-        if "tool_call" in row:
-            call = row["tool_call"]
-            calls[call["key"]] = (str(call["name"]).removeprefix(prefix),
-                                  str((call.get("args") or {}).get("tool_call_id", "")))
-            continue
-        if (row.get("role") == "model" and row.get("messages")) or row.get("cut_off"):
-            if pending:
-                raw.append({"kind": "request", "parts": pending})
-                pending = []
-            raw.extend(row["messages"] if row.get("role") == "model" else [
-                {"kind": "response", "parts": [
-                    {"part_kind": "text", "content": _text(row.get("content")) + CUT}]}])
-            continue
-        pending += _parts(row, calls, prefix)
-    if pending:
-        raw.append({"kind": "request", "parts": pending})
-    if raw and raw[0].get("kind") != "request":
-        raw.insert(0, {"kind": "request", "parts": [
-            {"part_kind": "user-prompt", "content": _text(prompt)}]})
-    return ModelMessagesTypeAdapter.validate_python(raw)
+    dialog = Dialog(prompt, prefix)
+    dialog.feed(rows)
+    return dialog.messages()
 
 
-def _parts(row: Mapping[str, Any], calls: Mapping[str, tuple[str, str]],
+class Dialog:
+    """A task's PydanticAI history, decoded as its rows come: a running task feeds it only
+    the rows added since its last plan, so each plan validates what is new, not the whole
+    conversation again (rebuilt from all rows only after a load, a rollback or a fork)."""
+
+    def __init__(self, prompt: Any, prefix: str) -> None:
+        self.opening = _text(prompt)
+        self.prefix = prefix
+        self.done: list[ModelMessage] = []
+        self.pending: list[dict[str, Any]] = []
+        self.calls: dict[str, tuple[str, str, bool]] = {}
+        self.awaiting: dict[str, str] = {}
+        """Deferred calls not answered yet: tool call id -> tool name."""
+        self.position: DialogPosition | None = None
+        self.planned: Planned | None = None
+        """The calls of the newest plan made in this process, with its tool manager."""
+
+    def feed(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        for row in map(dialog.read, rows):
+            if isinstance(row, dialog.CallRow):
+                tool = row.name.removeprefix(self.prefix)
+                self.calls[row.key] = (str(row.args.get("tool", tool)) if tool == OTHER else tool,
+                                       str(row.args.get("tool_call_id", "")),
+                                       row.name.startswith(self.prefix))
+            elif isinstance(row, dialog.Completion) and row.messages:
+                self._add(row.messages)
+            elif isinstance(row, dialog.ReplyRow) and row.cut_off:
+                self._add([{"kind": "response", "parts": [
+                    {"part_kind": "text", "content": _text(row.text) + dialog.CUT_OFF}]}])
+            elif not self._deferral(row):
+                self.pending += _parts(row, self.calls, self.prefix)
+
+    def _deferral(self, row: dialog.DialogRow) -> bool:
+        """A deferred call's row (its tool said it waits) or the event answering it; True
+        when *row* was one of those and is taken care of."""
+        content = getattr(row, "content", None)
+        if isinstance(row, dialog.ResultRow) and isinstance(content, list) and len(content) == 1 \
+                and isinstance(content[0], Mapping) and DEFERRED in content[0]:
+            deferred = content[0][DEFERRED]
+            self.awaiting[str(deferred["tool_call_id"])] = str(deferred["tool"])
+            return True
+        if isinstance(row, dialog.EventRow) and row.kind == DEFERRED_EVENT \
+                and isinstance(content, Mapping) and str(content.get("tool_call_id")) in self.awaiting:
+            call_id = str(content["tool_call_id"])
+            self.pending.append({"part_kind": "tool-return", "tool_call_id": call_id,
+                                 "tool_name": self.awaiting.pop(call_id),
+                                 "content": content.get("result")})
+            return True
+        return False
+
+    def messages(self) -> list[ModelMessage]:
+        """The history so far (a new list: the caller may extend it)."""
+        if not self.pending:
+            return list(self.done)
+        request = [{"kind": "request", "parts": self.pending}]
+        return [*self.done, *ModelMessagesTypeAdapter.validate_python(request)]
+
+    def _add(self, raw: list[dict[str, Any]]) -> None:
+        if self.pending:
+            raw.insert(0, {"kind": "request", "parts": self.pending})
+            self.pending = []
+        if not self.done and raw and raw[0].get("kind") != "request":
+            raw.insert(0, {"kind": "request", "parts": [
+                {"part_kind": "user-prompt", "content": self.opening}]})
+        self.done += ModelMessagesTypeAdapter.validate_python(raw)
+
+
+def _parts(row: dialog.DialogRow, calls: Mapping[str, tuple[str, str, bool]],
            prefix: str) -> list[dict[str, Any]]:
-    """What one other dialog row adds to the next request."""
-    role = row.get("role")
-    if role == "tool" and "error" in row:
-        name, call_id = calls.get(str(row.get("key")),
-                                  (str(row.get("name")).removeprefix(prefix), ""))
+    """What one other dialog row adds to the next request. A call of this agent's tools is
+    always answered: by the parts it returned, or, when its result is not PydanticAI's parts
+    (a person's decision that it happened, a skip, a row from before reconcile results were
+    checked), by a tool return holding it, so the model is not asked the call again."""
+    if isinstance(row, dialog.ResultRow):
+        name, call_id, ours = calls.get(row.key, (row.name.removeprefix(prefix), "", False))
+        if row.error is not None:
+            return [{"part_kind": "tool-return", "tool_name": name, "tool_call_id": call_id,
+                     "content": f"error: {row.error}", "outcome": "failed"}]
+        content = row.content
+        if isinstance(content, list) and content and all(
+                isinstance(part, Mapping) and "part_kind" in part for part in content):
+            return list(content)
+        if not (ours and call_id):
+            return []
+        if row.skipped:
+            return [{"part_kind": "tool-return", "tool_name": name, "tool_call_id": call_id,
+                     "content": SKIPPED, "outcome": "denied"}]
         return [{"part_kind": "tool-return", "tool_name": name, "tool_call_id": call_id,
-                 "content": f"error: {row['error']}", "outcome": "failed"}]
-    if role == "tool" and isinstance(row.get("content"), list):
-        return list(row["content"])
-    if role in ("user", "event"):
-        label = "" if row.get("type") in (None, "user_message") else f"[{row.get('type')}] "
-        return [{"part_kind": "user-prompt", "content": label + _text(row.get("content"))}]
+                 "content": content}]
+    if isinstance(row, dialog.UserRow | dialog.EventRow):
+        return [{"part_kind": "user-prompt", "content": dialog.spoken(row, _text(row.content))}]
+    if isinstance(row, dialog.Decision):
+        return [{"part_kind": "user-prompt", "content": f"[decide] {_text(row.content)}"}]
     return []
 
 

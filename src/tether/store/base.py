@@ -39,6 +39,12 @@ class Claim:
     crashes: int = 0
     """Crashed claims in a row since the task last made progress, counted by the store at
     claim time, so a worker that dies while recovering still uses up the budget (R12)."""
+    head_version: int | None = None
+    """The task row's head version, read in the transaction that took the lease: while the
+    lease holds, only this claim's commits move it (None: a backend that does not say)."""
+    created_at: float | None = None
+    """The task row's creation time, read with it: with the id, the incarnation this claim
+    holds (a task deleted and submitted again under the same id is another one)."""
 
 
 @dataclass(frozen=True)

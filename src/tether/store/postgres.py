@@ -95,7 +95,7 @@ UPDATE tasks t SET lease_owner = %(worker)s, lease_until = {_LEASE_NOW} + %(leas
        crashes = t.crashes + CASE WHEN chosen.lease_owner IS NOT NULL
                                    AND chosen.status NOT IN {q.FINISHED} THEN 1 ELSE 0 END
   FROM chosen WHERE t.task_id = chosen.task_id
-RETURNING t.task_id, t.fence, t.crashes,
+RETURNING t.task_id, t.fence, t.crashes, t.head_version, t.created_at,
           chosen.lease_owner IS NOT NULL AND chosen.status NOT IN {q.FINISHED} AS crashed
 """
 _RENEW = f"UPDATE tasks SET lease_until = {_CLOCK} + %s WHERE task_id = %s"
@@ -249,7 +249,8 @@ class PostgresStore(SQLBackend):
         if row is None:
             return None
         return Claim(row["task_id"], int(row["fence"]), crashed=bool(row["crashed"]),
-                     crashes=int(row["crashes"]))
+                     crashes=int(row["crashes"]), head_version=int(row["head_version"]),
+                     created_at=float(row["created_at"]))
 
     async def renew(self, claim: Claim, until: float) -> None:
         async with self._tx() as conn:

@@ -54,7 +54,8 @@ def find_tasks(by_status: bool, by_agent: bool, by_text: bool) -> str:
     return (f"SELECT {_TASK_COLUMNS} FROM tasks{where}"
             f" ORDER BY {_URGENCY}, updated_at DESC, task_id LIMIT ? OFFSET ?")
 INSERT_TASK = ("INSERT INTO tasks (task_id, agent, status, created_at, updated_at, head_version,"
-               " wake_at) VALUES (?, ?, ?, ?, ?, 1, ?) ON CONFLICT (task_id) DO NOTHING")
+               " wake_at, fence, reason) VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?)"
+               " ON CONFLICT (task_id) DO NOTHING")
 TASK_STATUS = "SELECT status FROM tasks WHERE task_id = ?"
 FENCE = "SELECT fence, head_version, status, wake_at, lease_until FROM tasks WHERE task_id = ?"
 SET_STATUS = "UPDATE tasks SET status = ?, reason = ?, updated_at = ?, wake_at = ? WHERE task_id = ?"

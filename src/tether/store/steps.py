@@ -128,11 +128,22 @@ async def run_async(steps: Steps[T], execute: Callable[[Statement | Notify], Awa
 # ------------------------------------------------------------------ tasks
 
 
+def first_fence(created_at: float) -> int:
+    """The fence a new task row starts with (see :func:`create_task`)."""
+    return int(created_at * 1_000_000)
+
+
 def create_task(record: TaskRecord, head: bytes, wake_at: float | None,
                 blobs: Mapping[str, bytes]) -> Steps[None]:
-    """The task row, its version-1 head and the large values it refers to."""
+    """The task row, its version-1 head and the large values it refers to.
+
+    The fence starts at the creation time in microseconds, not at 0: a task deleted and
+    submitted again under its id is another incarnation, and a worker that was paused past
+    its lease on the old one must not hold a fence the new one reaches (each claim adds one,
+    far fewer than the microseconds between a delete and the next create)."""
     created = yield change(q.INSERT_TASK, record.task_id, record.agent, record.status.value,
-                           record.created_at, record.updated_at, wake_at)
+                           record.created_at, record.updated_at, wake_at,
+                           first_fence(record.created_at), record.reason)
     if created == 0:
         raise TaskExists(f"a task with id {record.task_id!r} already exists; nothing was changed")
     yield change(q.INSERT_SNAPSHOT, record.task_id, 1, record.created_at, head)

@@ -21,6 +21,13 @@ paths an agent's error handling takes and they are rare against a real model:
   client's reassembly is exercised.
 - ``hang=seconds``: answer that late (streamed: after the first chunk), for timeouts.
 - ``drop=True``: close the connection with no HTTP response at all, for transient errors.
+
+The server itself can be as strict as llama.cpp's ``llama-server`` about what a prompt
+replays: ``FakeOpenAI(parse_arguments=True)`` parses the ``arguments`` of every assistant
+tool call in a request's ``messages`` and answers a request holding one that is not JSON
+with HTTP 500 "Failed to parse tool call arguments as JSON: ...", as llama-server does,
+without using up the script (the refusal comes before any answer). Each such message is
+kept in ``refused``. Off by default: OpenAI itself does not check them.
 """
 
 from __future__ import annotations
@@ -92,11 +99,17 @@ class FakeOpenAI:
     """The server. Use as a context manager; ``url`` is the ``base_url`` for the client."""
 
     def __init__(self, script: list[Reply] | None = None,
-                 route: Callable[[dict[str, Any]], Reply | None] | None = None) -> None:
+                 route: Callable[[dict[str, Any]], Reply | None] | None = None, *,
+                 parse_arguments: bool = False) -> None:
         self.script: list[Reply] = list(script or [])
         self.route = route
         """Answers a request itself when it returns a Reply (say, every summary request),
         without using up the script."""
+        self.parse_arguments = parse_arguments
+        """Refuse, as llama-server does (HTTP 500), a request that replays a tool call whose
+        arguments are not JSON."""
+        self.refused: list[str] = []
+        """The error message of each request refused for its tool-call arguments."""
         self.requests: list[dict[str, Any]] = []
         self.request_headers: list[dict[str, str]] = []
         """Each request's headers (keys lower-cased), parallel to ``requests``."""
@@ -128,6 +141,10 @@ class FakeOpenAI:
         with self.lock:
             self.requests.append(body)
             self.request_headers.append(headers)
+            unparsable = unparsable_arguments(body) if self.parse_arguments else None
+            if unparsable is not None:
+                self.refused.append(unparsable)
+                return Reply(status=500, error=unparsable)
             routed = self.route(body) if self.route else None
             if routed is not None:
                 return routed
@@ -197,6 +214,27 @@ class FakeOpenAI:
                 self.wfile.write(b"data: [DONE]\n\n")
 
         return Handler
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def unparsable_arguments(body: dict[str, Any]) -> str | None:
+    """llama-server's error for the first assistant tool call in *body*'s messages whose
+    ``arguments`` string is not JSON (strictly: no NaN or Infinity), or None when all are."""
+    for message in body.get("messages") or []:
+        if not isinstance(message, dict) or message.get("role") != "assistant":
+            continue
+        for tool_call in message.get("tool_calls") or []:
+            arguments = (tool_call.get("function") or {}).get("arguments")
+            if not isinstance(arguments, str):
+                continue
+            try:
+                json.loads(arguments, parse_constant=_no_constant)
+            except ValueError as exc:
+                return f"Failed to parse tool call arguments as JSON: {exc}"
+    return None
 
 
 def _payload(body: dict[str, Any], answer: Reply) -> dict[str, Any]:

@@ -15,13 +15,14 @@ import contextlib
 import random
 import sqlite3
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 import tether as tt
-from tether.tools import ToolContext, what_it_does
+from tether.tools import ToolContext, in_thread, is_async, what_it_does
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,9 @@ def install(harness: tt.Harness, plan: FaultPlan, rng: random.Random, ledger: Le
 
 def _faulty_tool(harness: tt.Harness, tool: tt.Tool, plan: FaultPlan, rng: random.Random,
                  ledger: Ledger) -> Any:
-    real = tool.__wrapped__
+    real = tool.__wrapped__  # the app's own function (install may wrap a tool again)
+    if not is_async(real):  # a plain def: run in a thread, as Tool.run does
+        real = in_thread(real, tool.name)
 
     async def run(ctx: ToolContext, **args: Any) -> Any:
         if rng.random() < plan.awkward_event:
@@ -125,7 +128,7 @@ async def _awkward_event(harness: tt.Harness, task_id: str, rng: random.Random) 
 def _faulty_agent(agent: tt.Agent, plan: FaultPlan, rng: random.Random) -> None:
     real_plan = agent.plan
 
-    async def planned(task: tt.TaskView) -> tt.Action:
+    async def planned(task: tt.TaskView) -> tt.Action | Sequence[tt.Action]:
         if rng.random() < plan.model_error:
             raise InjectedFault(f"injected: model call for {agent.name} failed (503)")
         return await real_plan(task)

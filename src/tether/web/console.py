@@ -7,12 +7,18 @@ SameSite=Strict, 8 hours, ended by signing out or by a server restart). A ``read
 can look; an ``operator`` token can also resume, roll back, cancel and decide what became
 of a call in doubt. Every form is checked for its origin and its session's CSRF token.
 
-Open without signing in: only the sign-in page itself (``GET /console``).
+Open without signing in: only the sign-in page itself (``GET /console``) and the icon
+browsers ask for on every page (``/favicon.ico``, ``/favicon.svg``: cacheable, no credential
+needed, so fetching it is never a failed credential). A sign-in counts towards the
+failure limit only when it presents a token and the token is wrong; a valid token signs
+in even while the address is limited (:mod:`tether.web.security`). Search texts and agent
+names in the list's query must be printable (a NUL or a line break is a ``422`` page).
 """
 
 from __future__ import annotations
 
 import secrets
+import struct
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -20,11 +26,12 @@ from urllib.parse import quote, urlencode
 
 import orjson
 
-from tether.engine.decisions import DECISIONS, Decision
+from tether.engine.calls import DECISIONS, Decision, awaiting_decision
+from tether.engine.limits import held_repeat
 from tether.engine.timers import local_time
 from tether.errors import MissingExtra, TaskNotFound, TetherError, VersionNotFound
-from tether.harness import Harness
-from tether.model import LARGEST_COUNT, CallStatus, Event, Status
+from tether.harness import FINAL, Harness
+from tether.model import LARGEST_COUNT, TASK_ID, CallStatus, Event, Status
 from tether.protocol import RESERVED_EVENTS
 from tether.store import TaskQuery
 from tether.watching import POSITION_CHARS, Position
@@ -36,6 +43,7 @@ from tether.web.security import (
     TokenTable,
     client_of,
     operator_id,
+    wrong_credential,
 )
 from tether.web.timeline import LiveShape, pretty, side_by_side, timeline, version_labels
 
@@ -96,12 +104,23 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
                           httponly=True, samesite="strict", secure=secure(request))
         return answer
 
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon_ico() -> Response:
+        return Response(FAVICON_ICO, media_type="image/x-icon", headers=ICON_HEADERS)
+
+    @app.get("/favicon.svg", include_in_schema=False)
+    async def favicon_svg() -> Response:
+        return Response(FAVICON_SVG, media_type="image/svg+xml", headers=ICON_HEADERS)
+
     @app.get("/console", response_class=HTMLResponse, include_in_schema=False)
     async def tasks(request: Request, status: str = "", agent: str = "", q: str = "",
                     page_no: int = Query(1, alias="page", ge=1, le=LARGEST_COUNT)) -> Response:
         session = session_of(request)
         if session is None:
             return sign_in_page(request)
+        if not (agent.isprintable() and q.isprintable()):
+            return page("error.html", request, session, 422, title="Not a search",
+                        message=NOT_PRINTABLE)
         counts = await harness.reads.counts()
         chosen = _status(status)
         shown, more = await _listing(harness, chosen, agent, q, page_no)
@@ -124,19 +143,27 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
         session = session_of(request)
         if session is None:
             return Response(status_code=401)
+        if not (agent.isprintable() and q.isprintable()):
+            return Response(NOT_PRINTABLE, 422)
         shown, _ = await _listing(harness, _status(status), agent, q, page_no)
         return page("rows.html", request, None, tasks=shown, ago=_ago)
 
     @app.post("/console/login", include_in_schema=False)
     async def login(request: Request, token: str = Form(""), csrf: str = Form("")) -> Response:
-        client = client_of(request.scope)
         if not same_origin(request) or not tokens_match(request.cookies.get(LOGIN_COOKIE), csrf):
-            limiter.failed(client)
+            # no token was looked at, so nothing was guessed: not a failed credential
             return _refused("the sign-in form did not come from this console: reload the"
                             " page and sign in again")
         role = table.role_of(token) if token else None
         if role is None:
-            limiter.failed(client)
+            if not token:  # nothing presented: not a failed credential either
+                return sign_in_page(request, "Paste an API token to sign in", code=401)
+            # a valid token was let through above, whatever this address's failures
+            limited = wrong_credential(limiter, client_of(request.scope))
+            if limited is not None:
+                answer = sign_in_page(request, str(limited), code=429)
+                answer.headers.update(limited.headers)
+                return answer
             return sign_in_page(request, "That token is not valid", code=401)
         previous = session_of(request)
         if previous is not None:  # a new sign-in never keeps an old session id alive
@@ -185,21 +212,25 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
         snap = info.snapshot
         call = snap.call
         status = info.record.status
-        in_doubt = status is Status.NEEDS_HUMAN and call is not None \
-            and call.status == CallStatus.STARTED
+        settled_by_person = info.record.runner() is None and status not in FINAL \
+            and await awaiting_decision(harness.store, snap, harness.tools) is not None
+        in_doubt = settled_by_person or (  # a call that settles itself may be decided too
+            call is not None and call.status == CallStatus.STARTED
+            and status is Status.NEEDS_HUMAN)
         history = await harness.history(task_id)
         recoveries = await reads.recovery_log(task_id)
         operator = session.role == "operator"
         wait = snap.frame.wait if snap.stack else None
         return page("task.html", request, session, record=info.record, snap=snap,
-                    version=info.version, history=history,
+                    version=info.version, etag=info.etag, history=history,
                     timeline=timeline(history, recoveries),
                     position=Position(len(history), len(recoveries)),
                     versions=await version_labels(harness, task_id),
                     events=await reads.events(task_id),
                     calls=await reads.calls(task_id),
                     recoveries=recoveries, in_doubt=in_doubt, operator=operator,
-                    can_resume=operator and not in_doubt and status in RESUMABLE,
+                    held=held_repeat(snap, history) if operator else None,
+                    can_resume=operator and not settled_by_person and status in RESUMABLE,
                     can_rollback=operator and status is not Status.CANCELLED,
                     can_fork=operator,
                     can_delete=operator and _deletable(info.record),
@@ -238,6 +269,8 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
         session = session_of(request)
         if session is None:
             return RedirectResponse("/console", 303)
+        if not TASK_ID.fullmatch(task_id):  # no such task can exist: the store never sees it
+            return not_found(request, session, f"There is no task {task_id!r}.")
         try:
             old, new = (await pretty(harness, task_id, a)), (await pretty(harness, task_id, b))
         except (TaskNotFound, VersionNotFound):
@@ -266,6 +299,8 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
         if posted is None:
             return _refused(NOT_OURS)
         session, form = posted
+        if not TASK_ID.fullmatch(task_id):  # no such task can exist: the store never sees it
+            return not_found(request, session, f"There is no task {task_id!r}.")
         if session.role != "operator":
             return _back(session, task_id, "Only an operator token may change tasks", True)
         try:
@@ -305,6 +340,8 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
         try:
             if session.role != "operator":
                 raise ValueError("Only an operator token may change schedules")
+            if not name.isprintable():
+                raise ValueError(f"schedule name {name[:40]!r} {PRINTABLE_ONLY}")
             if action == "run":
                 done = f"schedule {name}: run started as {await harness.run_schedule_now(name)}"
             elif action in ("pause", "resume"):
@@ -326,7 +363,11 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
 async def _pull(harness: Harness, task_id: str, lever: str, form: Any, by: str) -> str:
     """Pull one lever from a console form; what to tell the person."""
     if lever == "resume":
-        await harness.resume(task_id, message=str(form.get("message") or "") or None, by=by)
+        earlier = form.get("earlier_result") == "1"
+        await harness.resume(task_id, message=str(form.get("message") or "") or None, by=by,
+                             earlier_result=earlier)
+        if earlier:
+            return "sent: answer the held call with the earlier result"
     elif lever == "rollback":
         version = _version(form)
         redo = form.get("redo_side_effects") == "1"
@@ -344,7 +385,10 @@ async def _pull(harness: Harness, task_id: str, lever: str, form: Any, by: str) 
         except orjson.JSONDecodeError:
             raise ValueError("the result must be JSON (a quoted string, a number, an object"
                              " ...)") from None
-        await harness.decide(task_id, outcome, result, by=by)
+        attempt = str(form.get("attempt") or "")
+        await harness.decide(task_id, outcome, result, by=by, key=str(form.get("key") or "")
+                             or None, attempt=int(attempt) if attempt.isdigit() else None,
+                             etag=str(form.get("etag") or "") or None)
         return f"decision sent: {outcome.replace('_', ' ')}"
     elif lever == "event":
         return await _send_event(harness, task_id, form)
@@ -464,6 +508,53 @@ async def _listing(harness: Harness, status: Status | None, agent: str = "", q: 
 
 
 NOT_OURS = "the form did not come from this console's page: reload it and try again"
+PRINTABLE_ONLY = "must be printable text (no control characters such as NUL or a line break)"
+NOT_PRINTABLE = f"A search text or agent name {PRINTABLE_ONLY}."
+
+
+# --------------------------------------------------------------------------- the icon
+
+ICON_HEADERS = {"Cache-Control": "public, max-age=86400", "X-Content-Type-Options": "nosniff",
+                "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'"}
+"""A day in any cache; an icon opened on its own runs nothing."""
+FAVICON_SVG = (b'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16">'
+               b'<rect width="16" height="16" rx="3" fill="#2f5bea"/>'
+               b'<path d="M6 3h2v3h3v2H8v3.5c0 .6.3 1 1 1h2V14H9c-2 0-3-1-3-2.5V8H4V6h2z"'
+               b' fill="#fff"/></svg>')
+_GLYPH = ("################",
+          "################",
+          "################",
+          "######..########",
+          "######..########",
+          "######..########",
+          "####.......#####",
+          "####.......#####",
+          "######..########",
+          "######..########",
+          "######..########",
+          "######..########",
+          "######.....#####",
+          "#######....#####",
+          "################",
+          "################")
+"""The icon as 16 rows of 16 pixels: ``#`` the console's blue, ``.`` white (a "t")."""
+
+
+def _ico(rows: tuple[str, ...]) -> bytes:
+    """A 16x16 32-bit ICO of *rows* (corners transparent): a BMP bottom-up, then its mask."""
+    blue, white, clear = b"\xea\x5b\x2f\xff", b"\xff\xff\xff\xff", b"\x00\x00\x00\x00"
+    corners = {(0, 0), (0, 15), (15, 0), (15, 15)}
+    pixels = b"".join(
+        clear if (y, x) in corners else blue if rows[y][x] == "#" else white
+        for y in reversed(range(16)) for x in range(16))
+    mask = bytes(16 * 4)  # every pixel shown; the alpha channel makes the corners clear
+    bitmap = struct.pack("<IiiHHIIiiII", 40, 16, 32, 1, 32, 0, len(pixels) + len(mask),
+                         0, 0, 0, 0) + pixels + mask
+    return struct.pack("<HHH", 0, 1, 1) + struct.pack("<BBBBHHII", 16, 16, 0, 0, 1, 32,
+                                                      len(bitmap), 22) + bitmap
+
+
+FAVICON_ICO = _ico(_GLYPH)
 
 
 def _flash(session: Session, message: str, error: bool) -> None:

@@ -5,19 +5,28 @@
 1. **Framing.** A request carrying both ``Content-Length`` and ``Transfer-Encoding`` (the
    shape of request smuggling), several ``Content-Length`` headers, or one that is not a
    number, gets ``400``.
-2. **Failures, client by client.** A client (by IP address) whose credentials failed
-   ``limit`` times within ``window`` seconds gets ``429`` with ``Retry-After`` on every
-   route that takes a credential (the API, ``/metrics``, ``/openapi.json``, the console's
-   sign-in and the webhooks) until the oldest failure ages out; while limited, a credential
-   is not even looked at, so guessing learns nothing. Successes are never counted. The
-   record is in memory and bounded (:class:`FailureLimiter`): behind a reverse proxy, run
-   uvicorn with proxy headers from that proxy only, or every client shares its address.
-3. **Bearer token, before any body is read.** Every path but ``/healthz``, the console
-   (its own session cookies, :mod:`tether.web.sessions`) and the signed ``/hooks/``
-   needs ``Authorization: Bearer <token>`` (scheme in any case, one space, the token): the
-   token is compared in constant time with every configured one. ``GET``/``HEAD`` need a
-   ``read`` or ``operator`` token, anything else an ``operator`` token (``403``). New
-   routes are closed unless added to the open list here.
+2. **Bearer token, before any body is read.** Every path but ``/healthz``, the favicon
+   (``/favicon.ico``, ``/favicon.svg``), the console (its own session cookies,
+   :mod:`tether.web.sessions`) and the signed ``/hooks/`` needs ``Authorization: Bearer
+   <token>`` (scheme in any case, one space, the token): the token is compared in constant
+   time with every configured one. ``GET``/``HEAD`` need a ``read`` or ``operator`` token,
+   anything else an ``operator`` token (``403``). New routes are closed unless added to
+   the open list here.
+3. **Failures, client by client.** Only a credential that was presented and is wrong
+   counts: a bearer token that matches none, a sign-in with a wrong token, a webhook whose
+   signature does not match. A request that presents none (a browser's favicon or
+   ``robots.txt``, a link followed without a token, a console page without a session) is
+   answered ``401`` and counted nowhere. A client (by IP address) with ``limit`` such
+   failures within ``window`` seconds gets ``429`` with ``Retry-After`` for every further
+   *wrong* credential until the oldest failure ages out. A valid credential is checked
+   first and always let through, so failures recorded for an address (everyone behind
+   one proxy shares it) never lock out a person holding a good token. The price: a
+   guesser that ignores the ``429`` would still be let in by a right guess, so what keeps
+   guessing hopeless is the tokens' length (16 bytes at least; ``openssl rand -hex 16``
+   makes 32); the limit turns a run of wrong guesses into 429s, and a client that heeds
+   ``Retry-After`` into a slow one. Successes are never counted. The record is in memory and bounded
+   (:class:`FailureLimiter`): behind a reverse proxy, run uvicorn with proxy headers from
+   that proxy only, or every client shares its address.
 4. **Body size, counted.** A declared ``Content-Length`` over the limit is ``413`` at once;
    whatever the headers say, the bytes actually received are counted, and the request is
    answered ``413`` as soon as they pass the limit (chunked bodies included). Before that
@@ -153,20 +162,43 @@ def client_of(scope: Scope) -> str:
 # --------------------------------------------------------------------------- the guard
 
 
+OPEN_PATHS = frozenset({"/healthz", "/favicon.ico", "/favicon.svg"})
+"""Paths anyone may fetch: the health check and the console's icon (browsers ask for it on
+every page, without any credential)."""
+
+
 def takes_token(path: str) -> bool:
     """Whether *path* needs a bearer token (everything but the open and self-guarded paths)."""
-    return not (path == "/healthz" or path == "/console" or path.startswith("/console/")
+    return not (path in OPEN_PATHS or path == "/console" or path.startswith("/console/")
                 or path.startswith("/hooks/"))
 
 
-def takes_credential(path: str, method: str) -> bool:
-    """Whether a request to *path* presents a credential, so failures are limited there."""
-    return takes_token(path) or path.startswith("/hooks/") or (
-        path == "/console/login" and method == "POST")
+def presents_credential(values: list[str]) -> bool:
+    """Whether ``Authorization`` headers with these *values* present a credential at all
+    (well-formed or not): only such a request can be a failed credential."""
+    return any(value.strip() for value in values)
+
+
+def too_many_failures(limiter: FailureLimiter, client: str) -> HTTPRefusal | None:
+    """The ``429`` for a wrong credential from *client* while it is limited, else None."""
+    wait = limiter.retry_after(client)
+    if wait is None:
+        return None
+    return HTTPRefusal(429, f"too many failed credentials from this client; try again in"
+                            f" {wait}s", {"Retry-After": str(wait)})
+
+
+def wrong_credential(limiter: FailureLimiter, client: str) -> HTTPRefusal | None:
+    """A presented credential was wrong: the ``429`` if *client* is limited already (not
+    counted again), else None, with the failure counted."""
+    refusal = too_many_failures(limiter, client)
+    if refusal is None:
+        limiter.failed(client)
+    return refusal
 
 
 class EdgeGuard:
-    """Framing, failure limits, bearer tokens and counted body bytes (see the module)."""
+    """Framing, bearer tokens, failure limits and counted body bytes (see the module)."""
 
     def __init__(self, app: ASGIApp, tokens: TokenTable, limiter: FailureLimiter,
                  max_body: int) -> None:
@@ -193,18 +225,17 @@ class EdgeGuard:
         if len(lengths) > 1 or (lengths and not lengths[0].isdigit()):
             return HTTPRefusal(400, "Content-Length must be one number")
         path, method = scope["path"], scope["method"]
-        if takes_credential(path, method):
-            wait = self.limiter.retry_after(client_of(scope))
-            if wait is not None:
-                return HTTPRefusal(429, "too many failed credentials from this client; try"
-                                        f" again in {wait}s", {"Retry-After": str(wait)})
         if takes_token(path):
-            token = bearer_token(headers.get(b"authorization", []))
+            values = headers.get(b"authorization", [])
+            token = bearer_token(values)
             role = self.tokens.role_of(token)
             if role is None or token is None:
-                self.limiter.failed(client_of(scope))
-                return HTTPRefusal(401, "a valid bearer token is needed (Authorization: Bearer"
-                                        " <token>)", {"WWW-Authenticate": "Bearer"})
+                # a valid token was checked first: only a wrong one meets the limit
+                limited = wrong_credential(self.limiter, client_of(scope)) \
+                    if presents_credential(values) else None
+                return limited or HTTPRefusal(401, "a valid bearer token is needed"
+                                                   " (Authorization: Bearer <token>)",
+                                              {"WWW-Authenticate": "Bearer"})
             if method not in READ_METHODS and role != "operator":
                 return HTTPRefusal(403, "this token may read but not change tasks")
             scope.setdefault("state", {})["tether_by"] = operator_id("api", token)

@@ -8,20 +8,24 @@ OpenAPI schema at ``/openapi.json`` included, needs ``Authorization: Bearer <tok
 also submit, emit, resume, roll back, cancel and decide), at least 16 bytes long, checked
 before any request body is read (:mod:`tether.web.security`, which also bounds bodies by
 the bytes received, refuses request-smuggling framing and limits failed credentials per
-client with ``429``).
+client with ``429``: only a credential presented and wrong counts, and a valid one is
+never refused for its address's failures).
 
 Webhooks are signed: ``POST /hooks/{source}`` carries ``X-Tether-Timestamp`` (Unix
 seconds) and ``X-Tether-Signature: sha256=<hex HMAC-SHA256 of "<timestamp>.<body>" with the
 source's secret>``; a timestamp outside ``tolerance`` (or not a finite number) is refused, so
 a captured request cannot be replayed later, and the sender's ``id`` becomes the event's
-``source_event_id``, so a retried delivery is stored once. Each source may send only the
+``source_event_id``, so a retried delivery is stored once (it must be printable: no NUL,
+no line break). Each source may send only the
 event types it is allowed, and never a lever (:mod:`tether.web.webhooks`). Every accepted event is
 durable before the answer (``202``); a low-priority event refused by backpressure gets
 ``429`` with ``Retry-After``.
 
 Errors are JSON (``{"error": "..."}``) with the status that fits, never a stack trace nor a
 server file path; JSON bodies with NaN, Infinity or integers past 64 bits are refused
-(``422``); the server binds to 127.0.0.1 unless told otherwise.
+(``422``), and so are ids and search texts with control characters (a NUL, a line break:
+``str.isprintable``), before they reach the store; the server binds to 127.0.0.1 unless told
+otherwise.
 """
 
 from __future__ import annotations
@@ -30,11 +34,11 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
 
-from tether.engine.decisions import Decision
+from tether.engine.calls import Decision
 from tether.engine.inbox import MAX_NAME
 from tether.engine.timers import MAX_AHEAD
 from tether.errors import (
@@ -57,7 +61,7 @@ from tether.errors import (
     VersionNotFound,
 )
 from tether.harness import Harness
-from tether.model import LARGEST_COUNT, EmitReceipt, Event, Status
+from tether.model import LARGEST_COUNT, EmitReceipt, Event, EventStatus, Status, check_task_id
 from tether.protocol import RESERVED_EVENTS
 from tether.store import LimitUsage, TaskQuery
 from tether.watching import POSITION_CHARS
@@ -73,6 +77,7 @@ from tether.web.security import (
     scrub_paths,
     strict_json,
     token_problem,
+    wrong_credential,
 )
 from tether.web.webhooks import (
     BadSignature,
@@ -91,7 +96,7 @@ try:
     from fastapi.routing import APIRoute
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-    from pydantic import BaseModel, Field, ValidationError, model_validator
+    from pydantic import AfterValidator, BaseModel, Field, ValidationError, model_validator
     from starlette.exceptions import HTTPException as StarletteHTTPException
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise MissingExtra("the HTTP API needs FastAPI", "server") from exc
@@ -108,6 +113,23 @@ STATUS_FOR: dict[type[TetherError], int] = {
 TASK_ID = 128  # the longest id model.TASK_ID matches
 LEVER_ROUTES = {"cancel": "/cancel", "resume": "/resume", "rollback": "/rollback",
                 "decide": "/decide"}
+NOT_PRINTABLE = "must be printable text (no control characters such as NUL or a line break)"
+
+
+def _printable(value: str) -> str:
+    if not value.isprintable():
+        raise ValueError(NOT_PRINTABLE)
+    return value
+
+
+Printable = Annotated[str, AfterValidator(_printable)]
+"""A string that reaches the store as text: PostgreSQL refuses NUL, and ids are shown."""
+
+
+def printable_parameter(name: str, value: str | None) -> None:
+    """Refuse (422) a query or path parameter with control characters, naming it."""
+    if value is not None and not value.isprintable():
+        raise HTTPRefusal(422, f"parameter {name} {NOT_PRINTABLE}; {value[:40]!r} is not")
 
 
 @dataclass(frozen=True)
@@ -170,7 +192,7 @@ class NewEvent(BaseModel):
     type: str = Field(min_length=1, max_length=MAX_NAME)
     payload: Any = None
     priority: int | None = Field(None, ge=0, le=4)
-    source_event_id: str | None = Field(None, min_length=1, max_length=MAX_NAME)
+    source_event_id: Printable | None = Field(None, min_length=1, max_length=MAX_NAME)
 
 
 class Resume(BaseModel):
@@ -179,6 +201,9 @@ class Resume(BaseModel):
     input: Any = Field(None, description=(
         "A corrected task input, in place of the one submitted (the old one stays in the"
         " dialog); leave it out to keep the input"))
+    earlier_result: bool = Field(False, description=(
+        "for a task holding a repeat of a side effect that already succeeded: answer it with"
+        " the earlier identical call's result instead of running it (409 if none is held)"))
 
 
 class Rollback(BaseModel):
@@ -210,6 +235,14 @@ class Decide(BaseModel):
         "happened: record result as the call's and carry on; not_happened: run it now with"
         " the same idempotency key; skip: drop it"))
     result: Any = Field(None, description="the call's result (only with happened)")
+    key: str | None = Field(None, max_length=400, description=(
+        "the idempotency key of the call the decision is about, as shown to the person; if"
+        " the task's call in doubt is another by now, the decision is refused (409)"))
+    attempt: int | None = Field(None, ge=0, le=LARGEST_COUNT, description=(
+        "the attempt of that call, as shown; refused (409) if the call was attempted again"))
+    etag: str | None = Field(None, max_length=64, description=(
+        "the etag of the task as shown (GET /api/tasks/{id} gives it); refused (409) if the"
+        " task is no longer as shown, e.g. its worker died since the call was seen running"))
 
     @model_validator(mode="after")
     def result_only_if_it_happened(self) -> Decide:
@@ -219,8 +252,9 @@ class Decide(BaseModel):
 
 
 class Hook(BaseModel):
-    id: str = Field(min_length=1, max_length=MAX_NAME,
-                    description="the sender's id for this delivery: a repeat is stored once")
+    id: Printable = Field(min_length=1, max_length=MAX_NAME,
+                          description="the sender's id for this delivery (printable): a"
+                          " repeat is stored once")
     type: str = Field(min_length=1, max_length=MAX_NAME)
     task_id: str = Field(min_length=1, max_length=TASK_ID)
     payload: Any = None
@@ -270,7 +304,10 @@ def create_app(harness: Harness, config: ServerConfig) -> FastAPI:
                          offset: int = Query(0, ge=0, le=LARGEST_COUNT),
                          limit: int = Query(100, ge=1, le=1000)) -> dict[str, Any]:
         """Without filters: the newest tasks first. With *agent*, *q* (a piece of the id or
-        reason) or *offset*: people's work first, then newest, a page at a time."""
+        reason) or *offset*: people's work first, then newest, a page at a time. *agent*
+        and *q* must be printable (422 otherwise)."""
+        printable_parameter("agent", agent)
+        printable_parameter("q", q)
         if agent is None and not q and not offset:
             records = await harness.reads.tasks(status, limit)
         else:
@@ -281,7 +318,7 @@ def create_app(harness: Harness, config: ServerConfig) -> FastAPI:
     @app.get("/api/tasks/{task_id}")
     async def get_task(task_id: str) -> dict[str, Any]:
         info = await harness.get(task_id)
-        return {"task": _record(info.record), "version": info.version,
+        return {"task": _record(info.record), "version": info.version, "etag": info.etag,
                 "snapshot": orjson.loads(info.snapshot.dumps())}
 
     @app.get("/api/tasks/{task_id}/history")
@@ -292,7 +329,7 @@ def create_app(harness: Harness, config: ServerConfig) -> FastAPI:
 
     @app.get("/api/tasks/{task_id}/versions")
     async def versions(task_id: str) -> list[dict[str, Any]]:
-        await harness.reads.task(task_id)
+        await harness.reads.task(check_task_id(task_id))
         return [{"version": v, "created_at": at, "bytes": size}
                 for v, at, size in await harness.reads.versions(task_id)]
 
@@ -304,17 +341,18 @@ def create_app(harness: Harness, config: ServerConfig) -> FastAPI:
         (status, version, step, lease), ``row`` (a dialog row), ``recovery`` (a recovery
         record), ``reset`` (a rollback: the dialog starts again) and ``end``. Each event's
         id is the position to go on from (``Last-Event-ID`` or ``?after=``)."""
-        return await stream_response(harness, task_id, last_event_id or after, slots)
+        return await stream_response(harness, check_task_id(task_id), last_event_id or after,
+                                     slots)
 
     @app.get("/api/tasks/{task_id}/events")
     async def events(task_id: str) -> list[dict[str, Any]]:
-        await harness.reads.task(task_id)
+        await harness.reads.task(check_task_id(task_id))
         return [{**e.event.to_dict(), "status": e.status, "coalesce": e.coalesce}
                 for e in await harness.reads.events(task_id)]
 
     @app.get("/api/tasks/{task_id}/recovery")
     async def recovery_log(task_id: str) -> list[dict[str, Any]]:
-        await harness.reads.task(task_id)
+        await harness.reads.task(check_task_id(task_id))
         return await harness.reads.recovery_log(task_id)
 
     @app.get("/api/tasks/{task_id}/bundle")
@@ -350,13 +388,15 @@ def create_app(harness: Harness, config: ServerConfig) -> FastAPI:
     async def resume(task_id: str, body: Resume, request: Request) -> dict[str, Any]:
         new_input = {"input": body.input} if "input" in body.model_fields_set else {}
         return await _lever(harness, task_id, harness.resume(
-            task_id, body.message, body.patch, by=_by(request), **new_input))
+            task_id, body.message, body.patch, by=_by(request),
+            earlier_result=body.earlier_result, **new_input))
 
     @app.post("/api/tasks/{task_id}/decide", status_code=202)
     async def decide(task_id: str, body: Decide, request: Request) -> dict[str, Any]:
         """Say what became of a side-effecting call in doubt (the task is needs_human)."""
         return await _lever(harness, task_id, harness.decide(
-            task_id, body.outcome, body.result, by=_by(request)))
+            task_id, body.outcome, body.result, by=_by(request), key=body.key,
+            attempt=body.attempt, etag=body.etag))
 
     @app.post("/api/tasks/{task_id}/rollback", status_code=202)
     async def rollback(task_id: str, body: Rollback, request: Request) -> dict[str, Any]:
@@ -378,6 +418,7 @@ def create_app(harness: Harness, config: ServerConfig) -> FastAPI:
     @app.put("/api/schedules/{name}")
     async def put_schedule(name: str, body: NewSchedule) -> dict[str, Any]:
         """Create the schedule, or replace its definition."""
+        printable_parameter("name", name)
         return asdict(await harness.schedule(name, body.cron, body.agent, body.input,
                                              timezone=body.timezone, catch_up=body.catch_up,
                                              paused=body.paused))
@@ -386,12 +427,14 @@ def create_app(harness: Harness, config: ServerConfig) -> FastAPI:
     async def steer_schedule(name: str, action: Literal["pause", "resume", "run"]
                              ) -> dict[str, Any]:
         """Pause, resume, or start one run now (its task id is returned)."""
+        printable_parameter("name", name)
         if action == "run":
             return {"task_id": await harness.run_schedule_now(name)}
         return asdict(await harness.pause_schedule(name, paused=action == "pause"))
 
     @app.delete("/api/schedules/{name}")
     async def delete_schedule(name: str) -> dict[str, str]:
+        printable_parameter("name", name)
         await harness.delete_schedule(name)
         return {"deleted": name}
 
@@ -417,9 +460,10 @@ def create_app(harness: Harness, config: ServerConfig) -> FastAPI:
         try:
             verify(sender, x_tether_timestamp, x_tether_signature, body, config.tolerance,
                    time.time())
-        except BadSignature:
-            limiter.failed(client_of(request.scope))
-            raise
+        except BadSignature as wrong:
+            # the signature is the credential: a valid one was let through above, whatever
+            # this address's failures; a wrong one counts, or is a 429 while it is limited
+            raise wrong_credential(limiter, client_of(request.scope)) or wrong from None
         try:
             hook = Hook.model_validate(strict_json(body))
         except ValueError as exc:
@@ -548,6 +592,16 @@ def _receipt(receipt: EmitReceipt) -> dict[str, Any]:
 
 
 async def _lever(harness: Harness, task_id: str, lever: Awaitable[EmitReceipt]) -> dict[str, Any]:
+    """A lever's receipt, the task's status now, and, while the lever waits for a worker,
+    what of the task's code this server lacks (it applies no lever it cannot judge)."""
     receipt = await lever
     info = await harness.get(task_id)
-    return {**_receipt(receipt), "status": info.record.status.value, "version": info.version}
+    answer = {**_receipt(receipt), "status": info.record.status.value, "version": info.version}
+    event = next((e for e in await harness.reads.events(task_id)
+                  if e.event.id == receipt.event_id), None)
+    if event is not None and event.status == EventStatus.PENDING:
+        answer["queued"] = True
+        lacking = harness.lacks_code(info.snapshot)
+        if lacking:
+            answer["lacks_code"] = lacking
+    return answer

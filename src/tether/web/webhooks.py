@@ -8,9 +8,13 @@ own timers), which no webhook may send, listed or not: listing one is a configur
 A secret may not contain ``:`` and must be at least 16 bytes long.
 
 A delivery is verified in this order: the source exists (``404``); its signature matches
-(``401``); its ``X-Tether-Timestamp`` is plain Unix seconds, finite and within the tolerance
-of now (``401``: a replay, or a clock to fix); then, once its body is read, its type is
-one the source may send (``403``).
+(``401``, counted as a failed credential for the sender's address; ``429`` while that
+address is limited; a matching signature is never refused for its address's failures, and
+a delivery without the signature headers is ``422`` and counted nowhere); its
+``X-Tether-Timestamp`` is plain Unix seconds, finite and within the tolerance of now
+(``401``: a replay, or a clock to fix); then, once its body is read, its delivery ``id``
+is 1-200 printable characters (``422``: no NUL, no line break) and its type is one the
+source may send (``403``).
 """
 
 from __future__ import annotations

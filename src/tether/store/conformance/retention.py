@@ -8,7 +8,7 @@ import time
 import pytest
 
 from tether import blobs
-from tether.errors import TaskHeld, TaskNotFound
+from tether.errors import LeaseLost, TaskHeld, TaskNotFound
 from tether.model import Status, TaskRecord
 from tether.store.base import HistoryRow, Store
 from tether.store.conformance.helpers import LEASE, claim, commit, event, head, limits, make_task
@@ -46,6 +46,23 @@ class RetentionConformance:
             await store.delete_task("gone", now)
         await make_task(store, "gone")  # the id can be used again, from scratch
         assert (await store.get_task("gone")).head_version == 1
+
+    async def test_a_claim_on_a_deleted_task_never_writes_to_its_successor(
+            self, store: Store) -> None:
+        """Issue 26, R13: a worker paused past its lease on a task that was then deleted and
+        submitted again under its id holds a fence the new task never reaches (fences start
+        from the creation time, not 0): its late write is refused, the new task untouched."""
+        now = time.time()
+        await make_task(store, "again", created_at=now)
+        stale = await claim(store, "again", now, worker="paused")
+        await commit(store, stale, Status.COMPLETED, now)  # then paused before letting go
+        await store.delete_task("again", now + 2 * LEASE)
+        await make_task(store, "again", created_at=now + 2 * LEASE + 1)
+        await claim(store, "again", now + 2 * LEASE + 2, worker="w2")  # as often as the old one
+        with pytest.raises(LeaseLost):
+            await commit(store, stale, Status.COMPLETED, now + 2 * LEASE + 3, step=7)
+        record = await store.get_task("again")
+        assert (record.status, record.head_version) == (Status.PENDING, 1)
 
     async def test_a_task_held_by_a_live_lease_is_not_deleted(self, store: Store) -> None:
         """Issue 19: deleting never races the worker that holds the task."""

@@ -1,0 +1,819 @@
+"""One OpenAI Agents SDK agent made durable two ways: by tether, and by DBOS's own integration.
+
+The same shape as ``pydantic_ai_durable.py``, for the OpenAI Agents SDK: the agent is the same
+``agents.Agent`` in every run, and only what makes it durable changes:
+
+* **plain**: ``agents.Runner.run(agent, ...)``, no durability: the baseline every overhead is
+  taken from;
+* **tether**: the agent under :class:`tether.integrations.openai_agents.OpenAIAgentsAgent`,
+  on the embedded SQLite store with default settings (``stream=False``, because the model
+  below does not stream; the tool marked ``idempotent``);
+* **dbos**: DBOS's integration for the Agents SDK (the ``dbos-openai-agents`` package,
+  ``DBOSRunner.run`` inside a ``@DBOS.workflow``; each model call a DBOS step, the tool a
+  ``@DBOS.step`` as its README says), DBOS's system database on a SQLite file. It is a
+  column only where that package is installed (``bench/requirements.txt`` does not list it
+  yet: ``.bench-venv/bin/pip install 'dbos-openai-agents==0.3.0'``, and tether's extra
+  ``openai-agents``); without it the report says so and shows the other two.
+
+Temporal's integration (``temporalio.contrib.openai_agents``) needs a Temporal server, which
+its test environment downloads at run time; it is not measured here.
+
+The agent: a deterministic ``agents.models.interface.Model`` that asks for the tool until the
+input holds N tool results, then answers ``done N`` (it counts the ``function_call_output``
+items it is given, so a restarted run continues where its history is, as PydanticAI's
+``FunctionModel`` does in the other bench); one idempotent ``@function_tool`` with a
+~200-byte argument and a ~500-byte result (the sizes of ``workload.py``) that does no work.
+Tracing is off in every run (``RunConfig(tracing_disabled=True)``). Any time above the plain
+run is therefore the durable runner's own cost.
+
+The figures are those of ``pydantic_ai_durable.py`` (see its docstring): overhead per tool
+call (whole run after a 2-call warm-up, minus the plain run of the same round, over N;
+rounds interleaved, medians, wall and CPU clock), and completions after a SIGKILL inside tool
+call N/2.
+
+    .bench-venv/bin/python bench/openai_agents_durable.py [--steps 10,100,300] [--rounds 3]
+        [--out docs/benchmarks-openai-agents.md]
+
+prints markdown tables and exits 0 (1 if a run failed).
+
+    .bench-venv/bin/python bench/openai_agents_durable.py --profile 100 [--adapter pydantic-ai]
+
+instead profiles tether's (with ``--system plain`` the plain run's) timed run of N tool calls
+(pyinstrument where installed, else cProfile; after the warm-up run, in this one process) for
+this bench's agent or, with ``--adapter pydantic-ai``, for ``pydantic_ai_durable.py``'s, and
+prints the top functions with their ms per tool call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import dataclasses
+import importlib.util
+import io
+import json
+import os
+import pstats
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from pydantic_ai_durable import target_table
+from workload import ARG, RESULT
+
+HERE = Path(__file__).resolve().parent
+HAS_DBOS = (importlib.util.find_spec("dbos") is not None
+            and importlib.util.find_spec("dbos_openai_agents") is not None)
+SYSTEMS: tuple[str, ...] = ("plain", "tether", "dbos") if HAS_DBOS else ("plain", "tether")
+LABELS = {
+    "plain": "Agents SDK Runner.run, no durability",
+    "tether": "tether OpenAIAgentsAgent, SQLite (default)",
+    "dbos": "DBOS DBOSRunner (dbos-openai-agents), DBOS SQLite",
+}
+PROMPT = "Work through the list."
+WARMUP = 2
+"""Tool calls of the warm-up run each timed child makes before the run it times."""
+WORKFLOW_ID = "oa-bench"
+LEASE = 1.0
+"""tether's lease in the kill figure only: the restarted process waits this out (the default,
+15 s, would only make the figure slow; the counts do not depend on it)."""
+MARKER = "kill-marker"
+COUNTS = "counts.txt"
+CHILD_TIMEOUT = 600.0
+PROFILER: cProfile.Profile | None = None
+"""Set in a ``--profile`` child: on only while the timed run runs."""
+
+
+# ---------------------------------------------------------------------------- the child
+
+
+@dataclasses.dataclass
+class Probe:
+    """What the model and the tool report: calls counted in memory and, line by line, in a
+    file that outlives a SIGKILL; and the kill hook."""
+
+    folder: Path
+    """The process's folder: the kill marker, and a folder per run."""
+    armed: bool = False
+    """The kill hook fires inside tool call N/2 while the marker file exists."""
+    steps: int = WARMUP
+    models: int = 0
+    tools: int = 0
+    fd: int | None = None
+
+    def begin(self, steps: int, folder: Path) -> None:
+        """Count a run of *steps* tool calls, in *folder*'s count file."""
+        folder.mkdir(parents=True, exist_ok=True)
+        if self.fd is not None:
+            os.close(self.fd)
+        self.steps, self.models, self.tools = steps, 0, 0
+        self.fd = os.open(folder / COUNTS, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def model_called(self) -> None:
+        self.models += 1
+        if self.fd is not None:
+            os.write(self.fd, b"model\n")
+
+    def tool_called(self, n: int) -> str:
+        self.tools += 1
+        if self.fd is not None:
+            os.write(self.fd, b"tool\n")
+        if self.armed and n + 1 == kill_at(self.steps) and (self.folder / MARKER).exists():
+            os.kill(os.getpid(), signal.SIGKILL)
+        return RESULT
+
+
+def kill_at(steps: int) -> int:
+    """The 1-based tool call a run is killed in."""
+    return max(1, steps // 2)
+
+
+def run_config() -> Any:
+    """Every system's run config: tracing off (no exporter, no API key)."""
+    from agents import RunConfig
+
+    return RunConfig(tracing_disabled=True)
+
+
+def max_turns(steps: int) -> int:
+    """The SDK's Runner stops a run at 10 turns by default; a run of N calls needs N+1."""
+    return steps + 10
+
+
+def build_agent(probe: Probe, system: str) -> Any:
+    """The agent every system runs; only *system* ``dbos`` makes the tool a DBOS step."""
+    from agents import Agent, ModelResponse, Usage, function_tool
+    from agents.models.interface import Model
+    from agents.testing import assistant_message, function_call
+
+    class Scripted(Model):
+        """Ask for the next tool call until the input holds N tool results, then answer."""
+
+        async def get_response(self, system_instructions: Any, input: Any, *args: Any,
+                               **kwargs: Any) -> ModelResponse:
+            probe.model_called()
+            items = [] if isinstance(input, str) else input
+            done = sum((item.get("type") if isinstance(item, dict) else
+                        getattr(item, "type", None)) == "function_call_output" for item in items)
+            output = ([assistant_message(f"done {done}")] if done >= probe.steps else
+                      [function_call("work", {"payload": ARG, "n": done}, call_id=f"call_{done}")])
+            return ModelResponse(output=output, response_id=None,
+                                 usage=Usage(requests=1, input_tokens=20, output_tokens=9))
+
+        def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError("this bench's model does not stream")
+
+    async def work(payload: str, n: int) -> str:
+        """One step of the agent's work (trivial, idempotent)."""
+        return probe.tool_called(n)
+
+    if system == "dbos":
+        from dbos import DBOS
+
+        work = DBOS.step(name="work")(work)
+    return Agent(name="bench", instructions="Work.", model=Scripted(),
+                 tools=[function_tool(work)])
+
+
+Go = Callable[[], Awaitable[str]]
+"""One run of the agent, set up and ready: awaiting it runs the agent and gives its answer."""
+Session = Callable[[int, Path], AbstractAsyncContextManager[Go]]
+"""Sets a system up for one run of N tool calls in a folder of its own (outside the clock)."""
+
+
+async def run_each(probe: Any, sizes: Sequence[int], mode: str,
+                   session: Session) -> dict[int, dict[str, Any]]:
+    """The run of each size, timed, after a warm-up run in ``run`` mode (imports, schema
+    building and first-call costs stay out of the clock); profiled too in a ``--profile``
+    child (the profiler is on only around the timed run)."""
+    if mode == "run":
+        probe.begin(WARMUP, probe.folder / "warm-up")
+        async with session(WARMUP, probe.folder / "warm-up") as go:
+            await go()
+    found: dict[int, dict[str, Any]] = {}
+    for steps in sizes:
+        probe.begin(steps, probe.folder / f"n{steps}")
+        async with session(steps, probe.folder / f"n{steps}") as go:
+            if PROFILER is not None:
+                PROFILER.enable()
+            started, cpu = time.perf_counter(), time.process_time()
+            output = await go()
+            seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+            if PROFILER is not None:
+                PROFILER.disable()
+        found[steps] = {"seconds": seconds, "cpu_seconds": cpu, "output": output,
+                        "models": probe.models, "tools": probe.tools}
+    return found
+
+
+async def run_plain(probe: Probe, sizes: Sequence[int], mode: str) -> dict[int, dict[str, Any]]:
+    """``Runner.run`` and nothing else; a killed run can only start over."""
+    from agents import Runner
+
+    agent = build_agent(probe, "plain")
+
+    @asynccontextmanager
+    async def session(steps: int, folder: Path) -> AsyncIterator[Go]:
+        async def go() -> str:
+            ran = await Runner.run(agent, PROMPT, max_turns=max_turns(steps),
+                                   run_config=run_config())
+            return str(ran.final_output)
+
+        yield go
+
+    return await run_each(probe, sizes, mode, session)
+
+
+async def run_tether(probe: Probe, sizes: Sequence[int], mode: str
+                     ) -> dict[int, dict[str, Any]]:
+    """A harness of its own per run, default settings (a short lease where a process is
+    killed); the clock runs from submit until the task's result is read."""
+    import tether as tt
+    from tether.integrations.openai_agents import OpenAIAgentsAgent
+
+    @asynccontextmanager
+    async def session(steps: int, folder: Path) -> AsyncIterator[Go]:
+        settings = tt.Settings()
+        if mode != "run":
+            settings = dataclasses.replace(settings, lease_seconds=LEASE)
+        if steps + 1 > settings.max_completions:  # only for --steps of 1000 and more
+            settings = dataclasses.replace(settings, max_completions=steps + 1)
+        harness = tt.Harness(f"sqlite:///{folder / 'tether.db'}", settings=settings)
+        harness.add_agent("bench", OpenAIAgentsAgent(
+            build_agent(probe, "tether"), stream=False, run_config=run_config(),
+            tools={"work": tt.ToolPolicy(idempotent=True)}))
+
+        async def go() -> str:
+            if mode == "resume":  # the task the killed process left
+                task = (folder / "task").read_text()
+            else:
+                task = await harness.submit("bench", PROMPT)
+                (folder / "task").write_text(task)
+            await harness.run_until_idle(concurrency=1)
+            info = await harness.get(task)
+            if info.record.status is not tt.Status.COMPLETED:
+                raise RuntimeError(f"tether task ended {info.record.status}: {info.record.reason}")
+            return str(info.snapshot.result)
+
+        async with harness:
+            yield go
+
+    return await run_each(probe, sizes, mode, session)
+
+
+async def run_dbos(probe: Probe, sizes: Sequence[int], mode: str) -> dict[int, dict[str, Any]]:
+    """One DBOS system database for the process, a workflow per run. With *mode*
+    ``resume``, DBOS's own recovery at launch re-runs the workflow the killed process left
+    pending (its recorded steps answer from the step table) and the clock waits for it."""
+    from dbos import DBOS, SetWorkflowID
+    from dbos_openai_agents import DBOSRunner
+
+    DBOS(config={"name": "oa-bench", "log_level": "WARNING",
+                 "system_database_url": f"sqlite:///{probe.folder / 'dbos.sqlite'}"})
+    agent = build_agent(probe, "dbos")
+
+    @DBOS.workflow(name="oa_bench_run")
+    async def run_workflow(prompt: str, steps: int) -> str:
+        ran = await DBOSRunner.run(agent, prompt, max_turns=max_turns(steps),
+                                   run_config=run_config())
+        return str(ran.final_output)
+
+    @asynccontextmanager
+    async def session(steps: int, folder: Path) -> AsyncIterator[Go]:
+        workflow_id = f"{WORKFLOW_ID}-{folder.name}"
+
+        async def go() -> str:
+            if mode == "resume":
+                handle = await DBOS.retrieve_workflow_async(workflow_id)
+                return str(await handle.get_result(polling_interval_sec=0.01))
+            with SetWorkflowID(workflow_id):
+                return str(await run_workflow(PROMPT, steps))
+
+        yield go
+
+    DBOS.launch()
+    try:
+        return await run_each(probe, sizes, mode, session)
+    finally:
+        DBOS.destroy()
+
+
+RUNNERS = {"plain": run_plain, "tether": run_tether, "dbos": run_dbos}
+
+
+def child(system: str, sizes: Sequence[int], folder: Path, mode: str) -> None:
+    """Run *system* at each size in turn and print one JSON line: per size, the seconds,
+    the answer and this process's counts.
+
+    *mode* ``run``: timed, after a warm-up run; ``cold``: no warm-up, the kill hook armed (it
+    fires only while the marker file exists); ``resume``: finish the run a killed ``cold``
+    process left."""
+    probe = Probe(folder, armed=mode == "cold")
+    found = asyncio.run(RUNNERS[system](probe, sizes, mode))
+    for steps, run in found.items():
+        if run["output"] != f"done {steps}":
+            sys.exit(f"{system}: the run answered {run['output']!r}, expected 'done {steps}'")
+    print(json.dumps({str(steps): run for steps, run in found.items()}))
+
+
+# ---------------------------------------------------------------------------- the profile
+
+
+class Sampler:
+    """pyinstrument's sampling profiler behind cProfile's ``enable``/``disable`` (it shakes the
+    figures less than cProfile, whose cost grows with every Python call)."""
+
+    def __init__(self) -> None:
+        from pyinstrument import Profiler
+
+        self.profiler = Profiler(interval=0.0002, async_mode="disabled")
+
+    def enable(self) -> None:
+        self.profiler.start()
+
+    def disable(self) -> None:
+        self.profiler.stop()
+
+    def functions(self) -> list[tuple[str, float, float]]:
+        """Per function (file:line:name): its own seconds and its inclusive seconds (a
+        recursive function counted once per stack)."""
+        own: dict[str, float] = {}
+        total: dict[str, float] = {}
+
+        def walk(frame: Any, above: frozenset[str]) -> None:
+            name = _where((frame.file_path or "", frame.line_no or 0, frame.function or "?"))
+            if name not in above:
+                total[name] = total.get(name, 0.0) + frame.time
+            for kid in frame.children:
+                if kid.is_synthetic:  # [self], [await]: time spent in this function itself
+                    own[name] = own.get(name, 0.0) + kid.time
+                else:
+                    walk(kid, above | {name})
+
+        root = self.profiler.last_session.root_frame() if self.profiler.last_session else None
+        if root is not None:
+            walk(root, frozenset())
+        return [(name, own.get(name, 0.0), total[name]) for name in total]
+
+
+TIMED = {
+    "openai-agents": (
+        "tether.integrations.openai_agents:OpenAIAgentsAgent.plan",
+        "tether.integrations.openai_agents:items_of",
+        "tether.integrations.openai_agents:OpenAIAgentsAgent._turn",
+        "tether.integrations.openai_agents:OpenAIAgentsAgent._request",
+        "tether.integrations.openai_agents:_record",
+        "tether.integrations.openai_agents:OpenAIAgentsAgent._run_tool",
+        "agents.tool:invoke_function_tool",
+    ),
+    "pydantic-ai": (
+        "tether.integrations.pydantic_ai:PydanticAIAgent.plan",
+        "tether.agents.base:ModelAgent.kept",
+        "tether.integrations.pydantic_ai:Dialog.messages",
+        "tether.integrations.pydantic_ai:PydanticAIAgent._request",
+        "tether.integrations.pydantic_ai:PydanticAIAgent._one_request",
+        "tether.integrations.pydantic_ai:PydanticAIAgent._settle",
+        "tether.integrations.pydantic_ai:PydanticAIAgent._run_tool",
+        "tether.integrations.pydantic_ai:_run_planned",
+        "tether.integrations.pydantic_ai:PydanticAIAgent._run_from_history",
+        "tether.integrations.pydantic_ai:_dump",
+    ),
+    "engine": (
+        "tether.harness:Harness.submit",
+        "tether.harness:Harness.run_until_idle",
+        "tether.engine.worker:Worker._fill",
+        "tether.engine.runner:Runner.plan",
+        "tether.engine.runner:Runner.call_tool",
+        "tether.engine.runner:Runner.invoke",
+        "tether.engine.runner:Runner.commit",
+        "tether.store.sqlite:SQLiteStore.commit",
+        "tether.store.sqlite:SQLiteStore._checkpoint",
+        "tether.store.sqlite_group_commit:GroupCommit._commit",
+    ),
+}
+"""The functions ``--profiler timers`` times (module:qualified name), per adapter and the
+engine's own, each inclusive of what it calls."""
+
+
+class Timers:
+    """Wall and CPU seconds and calls of the functions of :data:`TIMED`, each wrapped in place
+    (its module's or class's attribute), counted only while enabled: no profiler's cost, so
+    the figures are the run's own (an async function's time includes its awaits)."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        import functools
+        import importlib
+        import inspect
+
+        self.on = False
+        self.found: dict[str, list[float]] = {name: [0.0, 0.0, 0] for name in names}
+        for name in names:
+            module, _, qual = name.partition(":")
+            owner: Any = importlib.import_module(module)
+            *path, attr = qual.split(".")
+            for part in path:
+                owner = getattr(owner, part)
+            fn = getattr(owner, attr)
+            slot = self.found[name]
+
+            def wrap(fn: Any, slot: list[float]) -> Any:
+                if inspect.iscoroutinefunction(fn):
+                    @functools.wraps(fn)
+                    async def timed_async(*args: Any, **kwargs: Any) -> Any:
+                        if not self.on:
+                            return await fn(*args, **kwargs)
+                        wall, cpu = time.perf_counter(), time.process_time()
+                        try:
+                            return await fn(*args, **kwargs)
+                        finally:
+                            slot[0] += time.perf_counter() - wall
+                            slot[1] += time.process_time() - cpu
+                            slot[2] += 1
+                    return timed_async
+
+                @functools.wraps(fn)
+                def timed(*args: Any, **kwargs: Any) -> Any:
+                    if not self.on:
+                        return fn(*args, **kwargs)
+                    wall, cpu = time.perf_counter(), time.process_time()
+                    try:
+                        return fn(*args, **kwargs)
+                    finally:
+                        slot[0] += time.perf_counter() - wall
+                        slot[1] += time.process_time() - cpu
+                        slot[2] += 1
+                return timed
+
+            setattr(owner, attr, wrap(fn, slot))
+
+    def enable(self) -> None:
+        self.on = True
+
+    def disable(self) -> None:
+        self.on = False
+
+
+def profile_child(adapter: str, system: str, steps: int, folder: Path, top: int,
+                  clock: str, tool: str, save: Path | None) -> None:
+    """*system*'s (tether's or the plain run's) timed run of *steps* tool calls, profiled by
+    *tool* (the warm-up run outside it), with *adapter*'s agent: this bench's, or
+    ``pydantic_ai_durable.py``'s (its ``run_each`` replaced by this one, which turns the
+    profiler on). Prints the run's times and the top functions by own and by inclusive
+    time, in ms per tool call."""
+    global PROFILER
+    if adapter == "pydantic-ai":
+        import pydantic_ai_durable as bench
+
+        bench.run_each = run_each  # type: ignore[assignment]
+        probe: Any = bench.Probe(folder)
+        runner: Any = bench.RUNNERS[system]
+    else:
+        probe, runner = Probe(folder), RUNNERS[system]
+    if tool == "timers":
+        names = [*TIMED[adapter], *TIMED["engine"]] if system == "tether" else []
+        timers = Timers(names)
+        PROFILER = timers  # type: ignore[assignment]
+    elif tool == "pyinstrument":
+        sampler = Sampler()
+        PROFILER = sampler  # type: ignore[assignment]
+    else:
+        PROFILER = cProfile.Profile(time.process_time) if clock == "cpu" else cProfile.Profile()
+    found = asyncio.run(runner(probe, [steps], "run"))[steps]
+    if found["output"] != f"done {steps}":
+        sys.exit(f"the run answered {found['output']!r}")
+    how = {"pyinstrument": "pyinstrument, wall clock", "timers": "timers on the functions of"
+           " TIMED"}.get(tool, f"cProfile, {clock} clock")
+    print(f"{adapter}: {system}, N={steps}, under {how}:"
+          f" {found['seconds'] * 1000 / steps:.3f} ms per tool call"
+          f" ({found['cpu_seconds'] * 1000 / steps:.3f} CPU ms)")
+    if tool == "timers":
+        print("\nms per tool call, wall and CPU (inclusive), and calls per tool call")
+        for name, (wall, cpu, calls) in timers.found.items():
+            print(f"{wall * 1000 / steps:8.3f} {cpu * 1000 / steps:8.3f} {calls / steps:6.2f}"
+                  f"  {name}")
+        return
+    if tool == "pyinstrument":
+        rows = [(name, own, cum, None) for name, own, cum in sampler.functions()]
+    else:
+        assert isinstance(PROFILER, cProfile.Profile)
+        if save is not None:
+            PROFILER.dump_stats(save)
+        stats: Any = pstats.Stats(PROFILER, stream=io.StringIO())
+        rows = [(_where(f), own, cum, calls) for f, (calls, _, own, cum, _) in stats.stats.items()]
+    for order, column in (("own", 1), ("inclusive", 2)):
+        print(f"\ntop {top} by {order} time (ms per tool call: own, inclusive"
+              f"{'' if tool == 'pyinstrument' else '; calls per tool call'})")
+        for name, own, cum, calls in sorted(rows, key=lambda r: -r[column])[:top]:
+            count = "" if calls is None else f" {calls / steps:7.1f}"
+            print(f"{own * 1000 / steps:8.3f} {cum * 1000 / steps:8.3f}{count}  {name}")
+
+
+def _where(func: tuple[str, int, str]) -> str:
+    """file:function, the file shortened to its package path."""
+    path, line, name = func
+    for cut in ("site-packages/", "/src/", "/lib/python3"):
+        if cut in path:
+            path = path.split(cut, 1)[1]
+            break
+    return f"{path}:{line}:{name}" if line else name
+
+
+# ---------------------------------------------------------------------------- the parent
+
+
+class RunFailed(Exception):
+    """A child did not finish as it should; the table says why instead of a number."""
+
+
+def spawn(system: str, sizes: Sequence[int], folder: Path, mode: str
+          ) -> subprocess.CompletedProcess[str]:
+    """Run one child: *system* at each of *sizes* in turn, in *folder*."""
+    return subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", system,
+                           ",".join(map(str, sizes)), str(folder), "--mode", mode],
+                          cwd=HERE, capture_output=True, text=True, timeout=CHILD_TIMEOUT,
+                          check=False)
+
+
+def result_of(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise RunFailed(f"exit {done.returncode}: {' | '.join(tail)[-400:]}")
+    found: dict[str, Any] = json.loads(lines[-1])
+    return found
+
+
+def counts(folder: Path) -> dict[str, int]:
+    """Model requests and tool calls in a run's count file, over every process it had."""
+    lines = (folder / COUNTS).read_text().split()
+    return {"models": lines.count("model"), "tools": lines.count("tool")}
+
+
+Timed = dict[str, dict[int, list[dict[str, Any]] | RunFailed]]
+"""Per system and N, each round's run (seconds, answer, counts), or why there is none."""
+
+
+def timed(sizes: Sequence[int], rounds: int, work: Path, say: Callable[[str], None]) -> Timed:
+    """Every system at every N, *rounds* interleaved rounds (the order of the systems rotated
+    each round). One process per system and round runs each N in turn, each in a fresh store
+    or workflow: on a loaded machine the imports alone take seconds, so a process per run
+    would make this take many minutes for no better figure."""
+    found: Timed = {s: {n: [] for n in sizes} for s in SYSTEMS}
+    for round_ in range(rounds):
+        order = SYSTEMS[round_ % len(SYSTEMS):] + SYSTEMS[:round_ % len(SYSTEMS)]
+        for system in order:
+            say(f"round {round_ + 1}/{rounds}: {system}, N={','.join(map(str, sizes))}")
+            folder = Path(tempfile.mkdtemp(prefix=f"{system}-", dir=work))
+            try:
+                runs = result_of(spawn(system, sizes, folder, "run"))
+                for steps in sizes:
+                    slot = found[system][steps]
+                    if isinstance(slot, list):
+                        slot.append(runs[str(steps)] | {"counted": counts(folder / f"n{steps}")})
+            except (RunFailed, subprocess.TimeoutExpired) as failure:
+                for steps in sizes:
+                    found[system][steps] = RunFailed(str(failure))
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+    return found
+
+
+def killed(system: str, steps: int, work: Path) -> dict[str, int]:
+    """One run SIGKILLed inside its k-th tool call, then the same program started again to
+    finish it; the model requests and tool calls of both processes together."""
+    folder = Path(tempfile.mkdtemp(prefix=f"kill-{system}-", dir=work))
+    try:
+        (folder / MARKER).touch()
+        first = spawn(system, [steps], folder, "cold")
+        if first.returncode != -signal.SIGKILL:
+            raise RunFailed(f"the run was not killed (exit {first.returncode}):"
+                            f" {(first.stderr or first.stdout)[-300:]}")
+        (folder / MARKER).unlink()
+        if system == "tether":
+            time.sleep(LEASE + 0.2)  # the dead worker's lease runs out
+        result_of(spawn(system, [steps], folder, "resume" if system != "plain" else "cold"))
+        return counts(folder / f"n{steps}")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+Killed = dict[str, dict[int, dict[str, int] | RunFailed]]
+"""Per system and N, the counts of a killed and restarted run, or why there are none."""
+
+
+def kills(sizes: Sequence[int], work: Path, say: Callable[[str], None]) -> Killed:
+    found: Killed = {s: {} for s in SYSTEMS}
+    for steps in sizes:
+        for system in SYSTEMS:
+            say(f"killed in call {kill_at(steps)}: {system}, N={steps}")
+            try:
+                found[system][steps] = killed(system, steps, work)
+            except (RunFailed, subprocess.TimeoutExpired) as failure:
+                found[system][steps] = RunFailed(str(failure))
+    return found
+
+
+# ---------------------------------------------------------------------------- the report
+
+
+def table(head: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def spread(values: list[float], digits: int = 2) -> str:
+    """The median, and with more than one value their range in brackets."""
+    middle = f"{statistics.median(values):,.{digits}f}"
+    if len(values) < 2:
+        return middle
+    return f"{middle} ({min(values):,.{digits}f} to {max(values):,.{digits}f})"
+
+
+def overheads(runs: Timed, system: str, steps: int, clock: str) -> list[float] | None:
+    """ms per tool call above the plain run of the same round, one value per round; *clock*
+    is ``seconds`` (wall) or ``cpu_seconds`` (every thread of the process)."""
+    mine, base = runs[system].get(steps), runs["plain"].get(steps)
+    if not isinstance(mine, list) or not isinstance(base, list) or not mine:
+        return None
+    return [(m[clock] - b[clock]) * 1000 / steps for m, b in zip(mine, base, strict=True)]
+
+
+def overhead_ratio(runs: Timed, steps: int, clock: str) -> str:
+    """DBOS's median overhead over tether's, as compare.py shows a ratio."""
+    ours = overheads(runs, "tether", steps, clock)
+    theirs = overheads(runs, "dbos", steps, clock)
+    if not ours or not theirs:
+        return "n/a"
+    if statistics.median(ours) <= 0:
+        return "n/a: tether's is below plain"
+    return f"**{statistics.median(theirs) / statistics.median(ours):.2f}x**"
+
+
+def overhead_table(runs: Timed, sizes: Sequence[int], clock: str) -> str:
+    """Per system: ms per tool call, and above the plain run, on *clock*; then the ratio."""
+    what = "ms" if clock == "seconds" else "CPU ms"
+    head = ["system", *(f"N={n}: {what} per tool call" for n in sizes),
+            *(f"N={n}: overhead over plain, {what} per tool call" for n in sizes)]
+    rows = []
+    for system in SYSTEMS:
+        cells = [LABELS[system]]
+        for steps in sizes:
+            found = runs[system].get(steps)
+            cells.append(f"did not run: {found}" if isinstance(found, RunFailed) else
+                         spread([r[clock] * 1000 / steps for r in found or []], 3))
+        for steps in sizes:
+            over = overheads(runs, system, steps, clock)
+            cells.append("" if system == "plain" or over is None else spread(over, 3))
+        rows.append(cells)
+    if "dbos" in SYSTEMS:
+        rows.append(["**DBOS overhead / tether overhead**", *([""] * len(sizes)),
+                     *(overhead_ratio(runs, n, clock) for n in sizes)])
+    return table(head, rows)
+
+
+def kill_table(runs: Timed, found: Killed, sizes: Sequence[int]) -> str:
+    """Model requests and tool calls of a killed and restarted run beside an uninterrupted
+    one (the first timed round's, counted the same way)."""
+    head = ["system", "N", "killed in tool call", "model requests: uninterrupted",
+            "model requests: killed + restarted", "extra model requests",
+            "tool calls: uninterrupted", "tool calls: killed + restarted"]
+    rows = []
+    for steps in sizes:
+        for system in SYSTEMS:
+            cells = [LABELS[system], str(steps), str(kill_at(steps))]
+            whole, cut = runs[system].get(steps), found[system].get(steps)
+            if not isinstance(whole, list) or not whole:
+                rows.append([*cells, f"did not run: {whole}", "", "", "", ""])
+            elif not isinstance(cut, dict):
+                rows.append([*cells, f"did not run: {cut}", "", "", "", ""])
+            else:
+                once = whole[0]["counted"]
+                rows.append([*cells, str(once["models"]), str(cut["models"]),
+                             f"{cut['models'] - once['models']:+d}", str(once["tools"]),
+                             str(cut["tools"])])
+    return table(head, rows)
+
+
+def versions() -> str:
+    names = ("openai-agents", "dbos", "dbos-openai-agents", "tether")
+    found = []
+    for name in names:
+        try:
+            found.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            found.append(f"{name} not installed")
+    return f"Python {sys.version.split()[0]}, " + ", ".join(found)
+
+
+def markdown(runs: Timed, found: Killed, sizes: Sequence[int], rounds: int, seconds: float) -> str:
+    dbos = (" and with DBOS's `DBOSRunner.run` (the `dbos-openai-agents` package) inside a DBOS"
+            " workflow (DBOS SQLite; each model call a DBOS step, the tool a `@DBOS.step`)"
+            if HAS_DBOS else "")
+    missing = ([] if HAS_DBOS else [
+        "**No DBOS column**: `dbos` and `dbos-openai-agents` (DBOS's documented integration"
+        " for the Agents SDK) are not installed in the environment this ran in; install them"
+        " to measure it.", ""])
+    return "\n".join([
+        "### OpenAI Agents SDK agents: tether against DBOS's integration", "",
+        "One Agents SDK agent (a deterministic `Model` asking for one idempotent, trivial"
+        " `@function_tool` N times, then answering; tracing off), run by `Runner.run`, under"
+        f" tether's `OpenAIAgentsAgent` (SQLite store, default settings, `stream=False`){dbos}."
+        " Whole run after a warm-up run, divided by N; overhead is that minus the plain run of"
+        f" the same round. Median of {rounds} interleaved round{'s' if rounds != 1 else ''}"
+        " (with more than one, their range in brackets); each system's round its own process,"
+        " running each N in turn in a fresh store or workflow (`bench/openai_agents_durable.py`)."
+        " Temporal's integration for the SDK is not measured: it needs a Temporal server.",
+        "", *missing,
+        overhead_table(runs, sizes, "seconds"), "",
+        "The same runs on the CPU clock (every thread of the process): less shaken by other"
+        " work on a shared machine, blind to waiting on the disk.", "",
+        overhead_table(runs, sizes, "cpu_seconds"), "",
+        "Issue 27's target, on the CPU clock (medians of the table above):", "",
+        target_table(runs, sizes, overheads), "",
+        "Each system's process SIGKILLed inside tool call k = N/2 (after the call's work, before"
+        " its result is returned), then the same program started again to finish the run; model"
+        " requests and tool calls counted across both processes. The plain run can only start"
+        " over.", "",
+        kill_table(runs, found, sizes), "",
+        f"{versions()}. Ran in {seconds:,.0f} s.",
+    ])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", default="10,100,300", help="tool calls per run, comma-separated")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="also write the tables there (docs/benchmarks-openai-agents.md,"
+                             " which compare.py copies into docs/benchmarks.md)")
+    parser.add_argument("--work", type=Path, default=None, help="folder for the runs' stores")
+    parser.add_argument("--profile", type=int, default=None, metavar="N",
+                        help="instead profile tether's run of N tool calls (cProfile)")
+    parser.add_argument("--adapter", choices=("openai-agents", "pydantic-ai"),
+                        default="openai-agents", help="with --profile: whose agent")
+    parser.add_argument("--system", choices=("tether", "plain"), default="tether",
+                        help="with --profile: whose run")
+    parser.add_argument("--profiler", choices=("pyinstrument", "cprofile", "timers"),
+                        default="pyinstrument" if importlib.util.find_spec("pyinstrument")
+                        else "cprofile", help="with --profile: which profiler")
+    parser.add_argument("--save", type=Path, default=None,
+                        help="with --profile and cProfile: also write the pstats file there")
+    parser.add_argument("--top", type=int, default=40, help="with --profile: functions shown")
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                        help="with --profile and cProfile: its clock (CPU: less shaken by a"
+                             " loaded machine, blind to waiting on the disk)")
+    parser.add_argument("--child", nargs=3, metavar=("SYSTEM", "STEPS", "FOLDER"),
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=("run", "cold", "resume"), default="run",
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        system, sizes, folder = args.child
+        if system not in SYSTEMS:
+            parser.error(f"no system {system}")
+        child(system, [int(n) for n in sizes.split(",")], Path(folder), args.mode)
+        return
+    if args.profile is not None:
+        folder = Path(tempfile.mkdtemp(prefix="oa-profile-", dir=args.work))
+        try:
+            profile_child(args.adapter, args.system, args.profile, folder, args.top,
+                          args.clock, args.profiler, args.save)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        return
+    sizes = [int(n) for n in args.steps.split(",")]
+    if min(sizes) < 2 or args.rounds < 1:
+        parser.error("--steps must be at least 2 and --rounds at least 1")
+    started = time.perf_counter()
+    work = Path(tempfile.mkdtemp(prefix="oa-bench-", dir=args.work))
+
+    def say(line: str) -> None:
+        print(f"[{time.perf_counter() - started:6.1f}s] {line}", file=sys.stderr, flush=True)
+
+    try:
+        runs = timed(sizes, args.rounds, work, say)
+        found = kills(sizes, work, say)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    tables = markdown(runs, found, sizes, args.rounds, time.perf_counter() - started)
+    print(tables)
+    if args.out is not None:
+        args.out.write_text(tables + "\n")
+    cells = [*(c for by_size in runs.values() for c in by_size.values()),
+             *(c for by_size in found.values() for c in by_size.values())]
+    sys.exit(1 if any(isinstance(cell, RunFailed) for cell in cells) else 0)
+
+
+if __name__ == "__main__":
+    main()
