@@ -83,3 +83,22 @@ async def test_a_cancelled_caller_s_checkpoint_is_still_written(pg_url: str) -> 
     assert follower.cancelled()
     assert (await store.get_task("b")).head_version == 2
     await store.close()
+
+
+async def test_a_leader_cancelled_while_it_gathers_its_batch_still_sends_it(pg_url: str) -> None:
+    """A worker cancels a task whose lease was lost; if that task led a batch and was
+    cancelled while gathering it, the batch is still sent and later checkpoints of the store
+    are not left waiting behind it (found by the levers chaos test: tasks stuck running)."""
+    store = PostgresStore(pg_url)
+    a, b, c = await leased(store, ["a", "b", "c"])
+    now = time.time()
+    leader = asyncio.ensure_future(store.commit(a, checkpoint("a", 1), 10, now + LEASE))
+    follower = asyncio.ensure_future(store.commit(b, checkpoint("b", 1), 10, now + LEASE))
+    await asyncio.sleep(0)  # both have handed their checkpoints in; the leader is yielding
+    leader.cancel()
+    assert await asyncio.wait_for(follower, 10) == 2
+    assert leader.cancelled()
+    assert (await store.get_task("a")).head_version == 2  # handed in, so written
+    later = store.commit(c, checkpoint("c", 1), 10, now + LEASE)
+    assert await asyncio.wait_for(later, 10) == 2
+    await store.close()

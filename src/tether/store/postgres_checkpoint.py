@@ -90,16 +90,33 @@ class GroupCommit:
         self._connect = connect
         self._failure = failure
         self._queue: list[_Pending] = []
+        self._sending: set[asyncio.Task[None]] = set()
+        """Batches on their way, held so that a leader's cancellation cannot lose one."""
 
     async def write(self, claim: Claim, params: tuple[Any, ...]) -> int:
-        """Write one checkpoint; its new version once the transaction holding it committed."""
+        """Write one checkpoint; its new version once the transaction holding it committed.
+
+        The leader takes the batch even when it is cancelled while it yields (a lease lost,
+        a drain timeout): a batch left in the queue would make every later checkpoint of this
+        store a follower of a leader that never sends, and each would wait forever."""
         pending = _Pending(claim, params)
         self._queue.append(pending)
         if len(self._queue) == 1:
-            await asyncio.sleep(0)  # the other tasks ready to commit join this batch
-            batch, self._queue = self._queue, []
-            await asyncio.shield(self._send(batch))
+            try:
+                await asyncio.sleep(0)  # the other tasks ready to commit join this batch
+            finally:
+                batch, self._queue = self._queue, []
+                sending = asyncio.ensure_future(self._send(batch))
+                self._sending.add(sending)
+                sending.add_done_callback(self._sent)
+            await asyncio.shield(sending)
         return await pending.done
+
+    def _sent(self, sending: asyncio.Task[None]) -> None:
+        """A batch's error reached its callers through their futures; nothing more to do."""
+        self._sending.discard(sending)
+        if not sending.cancelled():
+            sending.exception()
 
     async def _send(self, batch: list[_Pending]) -> None:
         try:
