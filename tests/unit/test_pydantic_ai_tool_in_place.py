@@ -37,6 +37,7 @@ from tether import dialog
 from tether.agent import TaskView
 from tether.integrations import pydantic_ai as integration
 from tether.integrations.pydantic_ai import KEY, PydanticAIAgent
+from tether.integrations.pydantic_ai_run import LiveRun
 from tether.model import Frame, Snapshot, ToolCall
 from tether.tools import ToolContext
 
@@ -145,8 +146,10 @@ def without_times(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 async def a_manager(pai: PydanticAIAgent) -> Any:
-    """The tool manager of a plan's step, as ``_one_request`` hands it over."""
-    _, _, manager = await pai._one_request([], "go")
+    """The tool manager of a plan's step, as the task's kept run hands it over."""
+    live = LiveRun(pai.agent, "go", [], None, owner=None)
+    _, _, manager = await live.ask(stream=False)
+    live.close()
     return manager
 
 
@@ -238,9 +241,10 @@ def two_calls(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         ToolCallPart("echo", {"text": f"b{done}"}, tool_call_id=f"b{done}")])
 
 
-async def test_an_uninterrupted_run_makes_one_agent_iter_per_plan(tmp_path: Path) -> None:
-    """No ``agent.iter`` per tool call: every call ran through its plan's manager, two calls
-    of one answer too, and the task ends as it would."""
+async def test_an_uninterrupted_run_makes_one_agent_iter_in_all(tmp_path: Path) -> None:
+    """No ``agent.iter`` per tool call, nor per plan: one run is kept open for the task, every
+    call ran through its plan's manager (two calls of one answer too), and the task ends as
+    it would."""
     seen = Seen()
     agent = tools_agent(seen, two_calls)
     runs: list[int] = []
@@ -261,7 +265,8 @@ async def test_an_uninterrupted_run_makes_one_agent_iter_per_plan(tmp_path: Path
     await h.close()
     assert info.snapshot.result == "done 6"
     assert seen.from_history == [False] * 6
-    assert len(runs) == info.snapshot.usage["completions"] + 1  # + the output's _settle
+    assert info.snapshot.usage["completions"] == 4
+    assert len(runs) == 1  # one kept run answered every plan and settled the output
 
 
 async def test_a_process_that_did_not_plan_the_call_runs_it_from_a_history(

@@ -114,13 +114,19 @@ class ModelAgent(Agent):
         if dialog is not None and dialog.position is not None and dialog.opening == opening:
             new = task.history.since(dialog.position)
         if dialog is None or new is None:
+            if dialog is not None:
+                self.forget(dialog)
             dialog, new = fresh(), task.history
         dialog.feed(new)
         dialog.position = task.history.position()
         self.dialogs[task.task_id] = dialog  # the newest last
         while len(self.dialogs) > DIALOGS_KEPT:
-            del self.dialogs[next(iter(self.dialogs))]
+            self.forget(self.dialogs.pop(next(iter(self.dialogs))))
         return dialog
+
+    def forget(self, decoded: Any) -> None:
+        """A decoded history is dropped (decoded again, or the oldest kept): an adapter that
+        holds something for it (an open framework run) lets it go here."""
 
     # ------------------------------------------------------------------ approvals
 

@@ -10,6 +10,10 @@ does for its own agents:
   anywhere costs no extra completion. One ``plan`` makes one request (more only when
   PydanticAI asks the model again itself, say for output that failed validation), through
   the same in-process retries of transient errors as :class:`tether.agents.ChatAgent`.
+  The requests of a task running in this process go through one PydanticAI run kept open
+  between its plans (:mod:`tether.integrations.pydantic_ai_run`), so a tool call costs
+  what it costs in a plain ``agent.run``; after a load, a rollback, a fork or a cut the
+  run is opened again from the task's rows.
 - **Each tool call is a tether tool call**: a resume point before it, an idempotency key,
   side-effect and idempotency flags per tool (:class:`tether.ToolPolicy`; a tool not
   named is taken to have a side effect, so a crash mid-call is never followed by a blind
@@ -51,7 +55,6 @@ Not yet covered: tools PydanticAI defers to run elsewhere (``CallDeferred``).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -59,7 +62,7 @@ from typing import Any
 import pydantic_core
 
 from tether import dialog
-from tether.agent import CutOff, DialogPosition, TaskView
+from tether.agent import DialogPosition, TaskView
 from tether.agents.base import PENDING, ModelAgent, approval_wait, hook_takes_call
 from tether.agents.model_calls import ModelError, RetryPolicy
 from tether.errors import ConfigurationError, MissingExtra
@@ -79,7 +82,6 @@ from tether.tools import (
 try:
     import pydantic_ai
     from pydantic_ai import (
-        CallToolsNode,
         DeferredToolRequests,
         DeferredToolResults,
         ModelMessagesTypeAdapter,
@@ -90,7 +92,6 @@ try:
         ModelRequest,
         ModelResponse,
         RetryPromptPart,
-        TextPart,
         ToolCallPart,
         ToolReturn,
         ToolReturnPart,
@@ -99,6 +100,8 @@ try:
     from pydantic_ai.models.function import FunctionModel
     from pydantic_ai.toolsets import FunctionToolset
     from pydantic_graph import End
+
+    from tether.integrations.pydantic_ai_run import LiveRun, RunGone
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise MissingExtra("the PydanticAI integration needs pydantic-ai", "pydantic-ai") from exc
 try:  # the helpers PydanticAI's graph (its CallToolsNode) makes a settled call's parts with
@@ -225,9 +228,14 @@ class PydanticAIAgent(ModelAgent):
         if dialog.awaiting:  # a tool deferred its call: the model waits for its result
             return Wait(DEFERRED_EVENT, timeout=self.approval_timeout)
         history = dialog.messages()
-        prompt = None if history else _text(task.input)
+        prompt = None if history else opening
+        if dialog.live is not None and dialog.live.continues(dialog, history) \
+                and isinstance(history[-1], ModelRequest):
+            dialog.live.continue_with(history[-1])  # the kept run asks with the calls' results
+        else:
+            self.forget(dialog)
         for _ in range(AGAIN):
-            response, new, manager = await self._request(task, history, prompt)
+            response, new, manager = await self._request(task, dialog, history, prompt)
             runnable = {d.name for d in manager.tool_defs if d.kind in ("function", "unapproved")}
             calls = [part for part in response.parts if isinstance(part, ToolCallPart)
                      and part.tool_name in runnable]
@@ -237,13 +245,21 @@ class PydanticAIAgent(ModelAgent):
                     manager, {call.tool_call_id: call for call in calls}, row)
                 return self._calls(task, calls)
             history, prompt = [*history, *new], None
-            done = await self._settle(history)
-            if not isinstance(done, ModelRequest):
-                return Finish(pydantic_core.to_jsonable_python(done))
+            done = await self._live(dialog, history, None).settle()
+            if isinstance(done, End):
+                self.forget(dialog)  # the run is over: leave it
+                return Finish(pydantic_core.to_jsonable_python(done.data.output))
             history.append(done)  # PydanticAI asks again (invalid output, unknown tool)
             task.scratch["carried"] = _dump([done])
         raise ModelError(f"agent {self.name}: PydanticAI asked the model again {AGAIN} times in"
                          " one step without getting an answer it accepts")
+
+    def forget(self, decoded: Any) -> None:
+        """Leave the run kept for a history that is dropped, done or not continued."""
+        live: LiveRun | None = decoded.live
+        if live is not None:
+            live.close()
+            decoded.live = None
 
     def _calls(self, task: TaskView, calls: list[ToolCallPart]) -> list[Action]:
         """The calls as tether actions; one that needs approval waits for an ``approval``
@@ -261,12 +277,13 @@ class PydanticAIAgent(ModelAgent):
             actions.append(ToolCall(f"{self.name}.{call.tool_name}", args))
         return actions  # the engine holds the answer: a newer message may set it aside
 
-    async def _request(self, task: TaskView, history: list[ModelMessage], prompt: str | None
-                       ) -> tuple[ModelResponse, list[ModelMessage], Any]:
+    async def _request(self, task: TaskView, dialog: Dialog, history: list[ModelMessage],
+                       prompt: str | None) -> tuple[ModelResponse, list[ModelMessage], Any]:
         """One model request from *history*; it and the messages it added are recorded.
         Also returns the run's tool manager, as prepared for the step that made the request."""
         (response, new, manager), seconds = await self.request(
-            lambda: self._one_request(history, prompt), f"agent {self.name}")
+            lambda: self._one_request(dialog, history, prompt), f"agent {self.name}",
+            lambda: dialog.live.partial_text() if dialog.live is not None else "")
         carried = task.scratch.pop("carried", None) or []
         usage = response.usage
         task.record_completion(response.model_name or "unknown", finish_reason=response.finish_reason,
@@ -275,41 +292,30 @@ class PydanticAIAgent(ModelAgent):
                                seconds=seconds, messages=[*carried, *_dump(new)])
         return response, new, manager
 
-    async def _one_request(self, history: list[ModelMessage], prompt: str | None
+    async def _one_request(self, dialog: Dialog, history: list[ModelMessage], prompt: str | None
                            ) -> tuple[ModelResponse, list[ModelMessage], Any]:
-        streams: list[Any] = []
-        try:
-            async with self.agent.iter(prompt, message_history=history, deps=self.deps) as run:
-                node = run.next_node
-                while not isinstance(node, CallToolsNode):
-                    if isinstance(node, End):
-                        raise ConfigurationError("PydanticAI ended the run before asking the model")
-                    if isinstance(node, ModelRequestNode) and self.streams():
-                        async with node.stream(run.ctx) as streamed:
-                            streams.append(streamed)
-                            async for _ in streamed:
-                                pass
-                    node = await run.next(node)
-                return node.model_response, run.all_messages()[len(history):], run.ctx.deps.tool_manager
-        except asyncio.CancelledError:  # a P0 (or a stop), once PydanticAI has unwound
-            raise CutOff(_text_of(streams[-1].response) if streams else "") from None
+        """The request through the task's kept run (one is opened from *history* when there
+        is none to continue: the first plan here, or after a load, a cut or an error)."""
+        for _ in range(2):  # a run left between the plan's look and its request: a new one
+            live = self._live(dialog, history, prompt)
+            try:
+                response, messages, manager = await live.ask(self.streams())
+            except RunGone:
+                continue
+            return response, messages[len(history):], manager
+        raise ModelError(f"agent {self.name}: its PydanticAI run ended before it could ask the model")
+
+    def _live(self, dialog: Dialog, history: list[ModelMessage], prompt: str | None) -> LiveRun:
+        """The task's kept run, or a new one opened from *history*."""
+        if dialog.live is None or dialog.live.gone:
+            dialog.live = LiveRun(self.agent, prompt, history, self.deps, dialog)
+        return dialog.live
 
     def can_stream(self) -> bool:
         """A ``FunctionModel`` made without a ``stream_function`` (as PydanticAI's docs write
         them) cannot; it gets plain requests."""
         model = self.agent.model
         return not (isinstance(model, FunctionModel) and model.stream_function is None)
-
-    async def _settle(self, history: list[ModelMessage]) -> Any:
-        """Let PydanticAI handle an answer with no function-tool calls: the output (validated,
-        through output tools), or the request it makes to ask the model again."""
-        async with self.agent.iter(None, message_history=history, deps=self.deps) as run:
-            node = run.next_node
-            while not isinstance(node, End):
-                if isinstance(node, ModelRequestNode):
-                    return node.request
-                node = await run.next(node)
-            return node.data.output
 
     # ------------------------------------------------------------------ tools
 
@@ -565,10 +571,6 @@ def _deferred(call: ToolCallPart, kind: str, metadata: Any) -> list[dict[str, An
                         "kind": kind, "metadata": metadata}}]
 
 
-def _text_of(response: ModelResponse) -> str:
-    return "".join(part.content for part in response.parts if isinstance(part, TextPart))
-
-
 # ---------------------------------------------------------------------------- history
 
 
@@ -599,6 +601,8 @@ class Dialog:
         self.position: DialogPosition | None = None
         self.planned: Planned | None = None
         """The calls of the newest plan made in this process, with its tool manager."""
+        self.live: LiveRun | None = None
+        """The PydanticAI run kept open for this history (:mod:`.pydantic_ai_run`)."""
 
     def feed(self, rows: Iterable[Mapping[str, Any]]) -> None:
         for row in map(dialog.read, rows):
