@@ -50,7 +50,10 @@ does for its own agents:
   calls, each under its own key, with one policy (``other_tools=``; by default a side
   effect, so a call cut by a crash is never repeated blindly).
 
-Not yet covered: tools PydanticAI defers to run elsewhere (``CallDeferred``).
+- **Deferred tools**: a tool that raises ``CallDeferred`` (its result comes from elsewhere)
+  leaves its call waiting, in the store and in no worker's memory (E7), for a ``tool_result``
+  event, ``{"tool_call_id": ..., "result": ...}``; the result goes to the model as the
+  tool's return.
 """
 
 from __future__ import annotations
