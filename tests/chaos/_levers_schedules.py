@@ -691,25 +691,29 @@ async def _check_task(run: Run, task_id: str) -> list[Violation]:
     site = run.site
     assert site.reader is not None
     out: list[Violation] = []
-    # a worker started since the drain re-checks every waiting task once (R16), holding it a
-    # moment: a lease seen now is waited out, not taken for a stuck task
+    # a worker re-checks a waiting task now and then (R16: one started since the drain, a
+    # wait's due time), holding it a moment: a lease seen now is waited out, not taken for a
+    # stuck task. The task is judged on one read, taken once it is settled (or 20 s on).
     end = time.monotonic() + 20.0
-    while not await _settled(site, task_id) and time.monotonic() < end:
+    while True:
+        settled = await _settled(site, task_id)
+        try:
+            info = await site.reader.get(task_id)
+        except tt.TaskNotFound:
+            if task_id not in run.gone and task_id not in site.purged:
+                out.append(Violation(2, run.seed, task_id, "the task is gone, though no lever"
+                                     " deleted or purged it"))
+            return out
+        except tt.TetherError as exc:
+            out.append(Violation(2, run.seed, task_id, f"cannot be read: {exc}"))
+            return out
+        record, snap = info.record, info.snapshot
+        status = record.status.value
+        live = record.lease_owner is not None and (record.lease_until or 0) > time.time() \
+            and not site.holder_dead(record.lease_owner)
+        if (settled and not live) or time.monotonic() > end:
+            break
         await asyncio.sleep(0.1)
-    try:
-        info = await site.reader.get(task_id)
-    except tt.TaskNotFound:
-        if task_id not in run.gone and task_id not in site.purged:
-            out.append(Violation(2, run.seed, task_id, "the task is gone, though no lever"
-                                 " deleted or purged it"))
-        return out
-    except tt.TetherError as exc:
-        out.append(Violation(2, run.seed, task_id, f"cannot be read: {exc}"))
-        return out
-    record, snap = info.record, info.snapshot
-    status = record.status.value
-    live = record.lease_owner is not None and (record.lease_until or 0) > time.time() \
-        and not site.holder_dead(record.lease_owner)
     if status not in PARKED | FINAL or live:
         out.append(Violation(2, run.seed, task_id, f"stuck {status} after the drain"
                              f" (lease {record.lease_owner}, reason {record.reason!r})"))

@@ -29,6 +29,7 @@ from pydantic_ai.messages import (
     TextPart,
     ToolCallPart,
     ToolReturnPart,
+    UserPromptPart,
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
@@ -301,3 +302,67 @@ async def test_a_process_that_did_not_plan_the_call_runs_it_from_a_history(
         await second.close()
     assert seen.from_history == [True]  # the restarted one ran the call from a history
     assert results == ["success: wiped d1", "success: wiped d1"]
+
+
+async def test_e7_a_task_parked_for_an_approval_keeps_no_pydantic_ai_run_open(
+        tmp_path: Path) -> None:
+    """E7: the run kept between plans is left when the task parks (here for an approval):
+    nothing of it stays in this process; the approved call still runs, and the task ends."""
+    def wipe_once(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        returned = [p for p in messages[-1].parts if isinstance(p, ToolReturnPart)]
+        if returned:
+            return ModelResponse(parts=[TextPart(f"{returned[0].outcome}: {returned[0].content}")])
+        return ModelResponse(parts=[ToolCallPart("wipe", {"disk": "d1"}, tool_call_id="w1")])
+
+    h = tt.Harness(f"sqlite:///{tmp_path / 't.db'}",
+                   settings=tt.Settings(recovery_backoff=0.01, poll_interval=0.01))
+    pai = PydanticAIAgent(tools_agent(Seen(), wipe_once), stream=False)
+    h.add_agent("a", pai)
+    tid = await h.submit("a", "wipe")
+    await h.run_until_idle(timeout=10)
+    assert (await h.get(tid)).record.status is tt.Status.WAITING
+    kept = pai.dialogs[tid]
+    assert kept.live is None
+    await h.emit(tt.Event("approval", tid, True))
+    await h.run_until_idle(timeout=10)
+    assert (await h.get(tid)).snapshot.result == "success: wiped d1"
+    await h.close()
+
+
+async def test_a_user_message_between_answers_goes_to_the_same_kept_run(tmp_path: Path) -> None:
+    """R3: a P1 message that arrives while a call runs reaches the next request; the kept run
+    asks with it (the request holds the call's result and the message), no run is opened
+    again, and the model saw the message."""
+    seen_prompts: list[str] = []
+
+    async def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        seen_prompts.extend(p.content for p in messages[-1].parts
+                            if isinstance(p, UserPromptPart) and isinstance(p.content, str))
+        returned = sum(isinstance(p, ToolReturnPart) for m in messages for p in m.parts)
+        if returned >= 2:
+            return ModelResponse(parts=[TextPart("done")])
+        if returned == 0:  # the person speaks while the first answer's call is yet to run
+            await h.emit(tt.Event("user_message", tid, "also say hello", priority=tt.Priority.P1))
+        n = len(messages)
+        return ModelResponse(parts=[ToolCallPart("echo", {"text": f"t{n}"}, tool_call_id=f"e{n}")])
+
+    agent = tools_agent(Seen(), answer)
+    runs: list[int] = []
+    iter_ = agent.iter
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        runs.append(1)
+        return iter_(*args, **kwargs)
+
+    agent.iter = counted  # type: ignore[method-assign]
+    h = tt.Harness(f"sqlite:///{tmp_path / 't.db'}",
+                   settings=tt.Settings(recovery_backoff=0.01, poll_interval=0.01))
+    h.add_agent("a", PydanticAIAgent(agent, stream=False, tools={"echo": tt.ToolPolicy(idempotent=True)}))
+    tid = await h.submit("a", "go")
+    await h.run_until_idle(timeout=20)
+    info = await h.get(tid)
+    await h.close()
+    assert info.snapshot.result == "done"
+    assert seen_prompts[0] == "go"
+    assert any("also say hello" in prompt for prompt in seen_prompts[1:])
+    assert len(runs) == 1

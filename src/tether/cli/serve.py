@@ -156,7 +156,7 @@ def _lifespan_starting(harness: tt.Harness) -> str | None:
     """The name of the lifespan whose start is in flight, or None if it cannot be told.
 
     :class:`tether.Harness` does not say it; the frame of its lifespan task does (the
-    ``name`` being entered by ``_Lifespans._own``), read only to name it in an error."""
+    ``name`` being entered by ``Lifespans._own``), read only to name it in an error."""
     lifespans = getattr(harness, "_lifespans", None)
     for task in asyncio.all_tasks():
         frame = getattr(task.get_coro(), "cr_frame", None)

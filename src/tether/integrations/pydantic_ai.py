@@ -229,6 +229,7 @@ class PydanticAIAgent(ModelAgent):
         dialog = self.kept(task, lambda: Dialog(opening, f"{self.name}."), opening)
         dialog.planned = None  # only the newest plan's calls may run through its manager
         if dialog.awaiting:  # a tool deferred its call: the model waits for its result
+            self.forget(dialog)  # the task parks: a waiting task holds nothing here (E7)
             return Wait(DEFERRED_EVENT, timeout=self.approval_timeout)
         history = dialog.messages()
         prompt = None if history else opening
@@ -246,7 +247,10 @@ class PydanticAIAgent(ModelAgent):
                 row = task.completions[-1].get("messages") if task.completions else None
                 dialog.planned = None if row is None else Planned(
                     manager, {call.tool_call_id: call for call in calls}, row)
-                return self._calls(task, calls)
+                actions = self._calls(task, calls)
+                if any(isinstance(action, Wait) for action in actions):
+                    self.forget(dialog)  # it parks for an approval: it holds nothing here (E7)
+                return actions
             history, prompt = [*history, *new], None
             done = await self._live(dialog, history, None).settle()
             if isinstance(done, End):
