@@ -5,8 +5,11 @@ round, not end the run with the task left running and unowned."""
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
+
+import pytest
 
 import tether as tt
 from tether.engine.worker import Worker
@@ -29,3 +32,21 @@ def test_a_lease_seen_live_then_run_out_asks_for_one_more_claim_round(tmp_path: 
 def test_a_lease_never_seen_live_that_ran_out_is_left_to_the_claim_round(tmp_path: Path) -> None:
     worker = Worker(tt.Harness(f"sqlite:///{tmp_path / 't.db'}"), 1)
     assert not worker._held_by_the_dead([_leased(time.time() - 5)])
+
+
+async def test_r13_a_lease_looked_after_once_its_task_ended_and_was_purged_is_let_go(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The keeper renews from a list of claims taken before a task ended; by the renewal the
+    task may be released and deleted by another worker's housekeeping (retention 0). That is
+    no error: nothing is logged as a failure, and the worker's running tasks are untouched."""
+    h = tt.Harness(f"sqlite:///{tmp_path / 't.db'}")
+    worker = Worker(h, 1)
+    await h.store.create_task(_leased(0.0), b"{}")
+    claim = await h.store.claim_task("t1", h.worker_id, time.time(), 30.0)
+    assert claim is not None
+    await h.store.release(claim)
+    await h.store.delete_task("t1", time.time())
+    with caplog.at_level(logging.WARNING, logger="tether"):
+        await worker._look_after("t1", claim, renew=True)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    await h.close()

@@ -45,6 +45,7 @@ from tether.errors import (
     SnapshotTooNew,
     StoreError,
     StoreUnavailable,
+    TaskNotFound,
     TetherError,
     VersionNotFound,
 )
@@ -424,10 +425,14 @@ class Worker:
                 await self.harness.store.renew(claim, time.time() + self.harness.settings.lease_seconds)
                 if self._claims.get(task_id) is claim:  # not ended meanwhile
                     self._renewals.started(task_id, at)
-            except LeaseLost:
+            except (LeaseLost, TaskNotFound) as lost:
+                # A task that ended meanwhile may be gone already (released, then purged by a
+                # worker's housekeeping): the keeper looked at a list taken before it ended.
                 if self._claims.get(task_id) is claim and runner is not None:
-                    self.harness.log.warning("task %s: lease lost to another worker; stopping it",
-                                             task_id)
+                    self.harness.log.warning(
+                        "task %s: %s; stopping it", task_id,
+                        "deleted while this worker ran it" if isinstance(lost, TaskNotFound)
+                        else "lease lost to another worker")
                     task = self.active.get(task_id)
                     if task is not None:
                         task.cancel()
