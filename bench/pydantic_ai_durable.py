@@ -53,8 +53,6 @@ import json
 import os
 import shutil
 import signal
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -64,9 +62,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from agent_runs import COUNTS, MARKER, AgentBench, Killed, Timed, failed, kill_at, target_table
 from workload import ARG, RESULT
 
-HERE = Path(__file__).resolve().parent
 SYSTEMS = ("plain", "tether", "dbos")
 LABELS = {
     "plain": "PydanticAI, no durability",
@@ -80,9 +78,6 @@ WORKFLOW_ID = "pai-bench"
 LEASE = 1.0
 """tether's lease in the kill figure only: the restarted process waits this out (the default,
 15 s, would only make the figure slow; the counts do not depend on it)."""
-MARKER = "kill-marker"
-COUNTS = "counts.txt"
-CHILD_TIMEOUT = 600.0
 
 
 # ---------------------------------------------------------------------------- the child
@@ -122,11 +117,6 @@ class Probe:
         if self.armed and n + 1 == kill_at(self.steps) and (self.folder / MARKER).exists():
             os.kill(os.getpid(), signal.SIGKILL)
         return RESULT
-
-
-def kill_at(steps: int) -> int:
-    """The 1-based tool call a run is killed in."""
-    return max(1, steps // 2)
 
 
 def build_agent(probe: Probe, system: str) -> Any:
@@ -289,6 +279,7 @@ async def run_dbos(probe: Probe, sizes: Sequence[int], mode: str) -> dict[int, d
 
 
 RUNNERS = {"plain": run_plain, "tether": run_tether, "dbos": run_dbos}
+BENCH = AgentBench(Path(__file__).resolve(), SYSTEMS, LABELS, LEASE)
 
 
 def child(system: str, sizes: Sequence[int], folder: Path, mode: str) -> None:
@@ -307,217 +298,6 @@ def child(system: str, sizes: Sequence[int], folder: Path, mode: str) -> None:
 
 
 # ---------------------------------------------------------------------------- the parent
-
-
-class RunFailed(Exception):
-    """A child did not finish as it should; the table says why instead of a number."""
-
-
-def spawn(system: str, sizes: Sequence[int], folder: Path, mode: str
-          ) -> subprocess.CompletedProcess[str]:
-    """Run one child: *system* at each of *sizes* in turn, in *folder*."""
-    return subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", system,
-                           ",".join(map(str, sizes)), str(folder), "--mode", mode],
-                          cwd=HERE, capture_output=True, text=True, timeout=CHILD_TIMEOUT,
-                          check=False)
-
-
-def result_of(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        raise RunFailed(f"exit {done.returncode}: {' | '.join(tail)[-400:]}")
-    found: dict[str, Any] = json.loads(lines[-1])
-    return found
-
-
-def counts(folder: Path) -> dict[str, int]:
-    """Model requests and tool calls in a run's count file, over every process it had."""
-    lines = (folder / COUNTS).read_text().split()
-    return {"models": lines.count("model"), "tools": lines.count("tool")}
-
-
-Timed = dict[str, dict[int, list[dict[str, Any]] | RunFailed]]
-"""Per system and N, each round's run (seconds, answer, counts), or why there is none."""
-
-
-def timed(sizes: Sequence[int], rounds: int, work: Path, say: Callable[[str], None]) -> Timed:
-    """Every system at every N, *rounds* interleaved rounds (the order of the systems rotated
-    each round). One process per system and round runs each N in turn, each in a fresh store
-    or workflow: on a loaded machine the imports alone take seconds, so a process per run
-    would make this take many minutes for no better figure."""
-    found: Timed = {s: {n: [] for n in sizes} for s in SYSTEMS}
-    for round_ in range(rounds):
-        order = SYSTEMS[round_ % len(SYSTEMS):] + SYSTEMS[:round_ % len(SYSTEMS)]
-        for system in order:
-            say(f"round {round_ + 1}/{rounds}: {system}, N={','.join(map(str, sizes))}")
-            folder = Path(tempfile.mkdtemp(prefix=f"{system}-", dir=work))
-            try:
-                runs = result_of(spawn(system, sizes, folder, "run"))
-                for steps in sizes:
-                    slot = found[system][steps]
-                    if isinstance(slot, list):
-                        slot.append(runs[str(steps)] | {"counted": counts(folder / f"n{steps}")})
-            except (RunFailed, subprocess.TimeoutExpired) as failure:
-                for steps in sizes:
-                    found[system][steps] = RunFailed(str(failure))
-            finally:
-                shutil.rmtree(folder, ignore_errors=True)
-    return found
-
-
-def killed(system: str, steps: int, work: Path) -> dict[str, int]:
-    """One run SIGKILLed inside its k-th tool call, then the same program started again to
-    finish it; the model requests and tool calls of both processes together."""
-    folder = Path(tempfile.mkdtemp(prefix=f"kill-{system}-", dir=work))
-    try:
-        (folder / MARKER).touch()
-        first = spawn(system, [steps], folder, "cold")
-        if first.returncode != -signal.SIGKILL:
-            raise RunFailed(f"the run was not killed (exit {first.returncode}):"
-                            f" {(first.stderr or first.stdout)[-300:]}")
-        (folder / MARKER).unlink()
-        if system == "tether":
-            time.sleep(LEASE + 0.2)  # the dead worker's lease runs out
-        result_of(spawn(system, [steps], folder, "resume" if system != "plain" else "cold"))
-        return counts(folder / f"n{steps}")
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-Killed = dict[str, dict[int, dict[str, int] | RunFailed]]
-"""Per system and N, the counts of a killed and restarted run, or why there are none."""
-
-
-def kills(sizes: Sequence[int], work: Path, say: Callable[[str], None]) -> Killed:
-    found: Killed = {s: {} for s in SYSTEMS}
-    for steps in sizes:
-        for system in SYSTEMS:
-            say(f"killed in call {kill_at(steps)}: {system}, N={steps}")
-            try:
-                found[system][steps] = killed(system, steps, work)
-            except (RunFailed, subprocess.TimeoutExpired) as failure:
-                found[system][steps] = RunFailed(str(failure))
-    return found
-
-
-# ---------------------------------------------------------------------------- the report
-
-
-def table(head: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def spread(values: list[float], digits: int = 2) -> str:
-    """The median, and with more than one value their range in brackets."""
-    middle = f"{statistics.median(values):,.{digits}f}"
-    if len(values) < 2:
-        return middle
-    return f"{middle} ({min(values):,.{digits}f} to {max(values):,.{digits}f})"
-
-
-def overheads(runs: Timed, system: str, steps: int, clock: str) -> list[float] | None:
-    """ms per tool call above the plain run of the same round, one value per round; *clock*
-    is ``seconds`` (wall) or ``cpu_seconds`` (every thread of the process)."""
-    mine, base = runs[system].get(steps), runs["plain"].get(steps)
-    if not isinstance(mine, list) or not isinstance(base, list) or not mine:
-        return None
-    return [(m[clock] - b[clock]) * 1000 / steps for m, b in zip(mine, base, strict=True)]
-
-
-def overhead_ratio(runs: Timed, steps: int, clock: str) -> str:
-    """DBOS's median overhead over tether's, as compare.py shows a ratio."""
-    ours, theirs = overheads(runs, "tether", steps, clock), overheads(runs, "dbos", steps, clock)
-    if not ours or not theirs or statistics.median(ours) <= 0:
-        return "n/a"
-    return f"**{statistics.median(theirs) / statistics.median(ours):.2f}x**"
-
-
-def overhead_table(runs: Timed, sizes: Sequence[int], clock: str) -> str:
-    """Per system: ms per tool call, and above the plain run, on *clock*; then the ratio."""
-    what = "ms" if clock == "seconds" else "CPU ms"
-    head = ["system", *(f"N={n}: {what} per tool call" for n in sizes),
-            *(f"N={n}: overhead over plain, {what} per tool call" for n in sizes)]
-    rows = []
-    for system in SYSTEMS:
-        cells = [LABELS[system]]
-        for steps in sizes:
-            found = runs[system].get(steps)
-            cells.append(f"did not run: {found}" if isinstance(found, RunFailed) else
-                         spread([r[clock] * 1000 / steps for r in found or []], 3))
-        for steps in sizes:
-            over = overheads(runs, system, steps, clock)
-            cells.append("" if system == "plain" or over is None else spread(over, 3))
-        rows.append(cells)
-    rows.append(["**DBOS overhead / tether overhead**", *([""] * len(sizes)),
-                 *(overhead_ratio(runs, n, clock) for n in sizes)])
-    return table(head, rows)
-
-
-TARGET_MS = 1.0
-"""Issue 27's target: tether's CPU ms per tool call above the plain run, at N=10 and N=100."""
-TARGET_AT = (10, 100)
-FLAT_MS = 1.0
-"""... and flat: from the smallest N to the largest, tether's overhead rises by no more. A
-fall is no failure: it is the plain run's per-call cost growing faster than tether's (the
-Agents SDK's ``Runner`` re-reads its whole input each turn; tether asks the model directly)."""
-Overheads = Callable[[Any, str, int, str], "list[float] | None"]
-
-
-def target_table(runs: Any, sizes: Sequence[int], over: Overheads = overheads) -> str:
-    """Issue 27's target on the CPU clock, met or not: per N the plain run's CPU ms per tool
-    call, tether's and DBOS's medians above it, then whether tether's is flat across N.
-    *over* is the bench's own ``overheads``."""
-    def median(system: str, steps: int) -> float | None:
-        found = over(runs, system, steps, "cpu_seconds") if system in runs else None
-        return statistics.median(found) if found else None
-
-    def cell(value: float | None) -> str:
-        return "n/a" if value is None else f"{value:+.3f}"
-
-    rows = []
-    for steps in sizes:
-        plain = runs["plain"].get(steps)
-        ours = median("tether", steps)
-        verdict = "-" if steps not in TARGET_AT or ours is None else (
-            "**met**" if ours <= TARGET_MS else f"**not met** ({ours - TARGET_MS:+.3f})")
-        rows.append([str(steps), spread([r["cpu_seconds"] * 1000 / steps for r in plain], 3)
-                     if isinstance(plain, list) and plain else "n/a",
-                     cell(ours), cell(median("dbos", steps)), verdict])
-    ours_all = [m for m in (median("tether", n) for n in sizes) if m is not None]
-    if len(ours_all) == len(sizes) > 1:
-        moved = ours_all[-1] - ours_all[0]
-        rows.append([f"flat, N={sizes[0]} to N={sizes[-1]}", "", f"moved {moved:+.3f}", "",
-                     "**met**" if moved <= FLAT_MS else "**not met**"])
-    return table(["N", "plain: CPU ms per tool call", "tether: CPU ms overhead per tool call",
-                  "DBOS: CPU ms overhead per tool call",
-                  f"target: tether <= {TARGET_MS:g} ms at N={' and N='.join(map(str, TARGET_AT))},"
-                  f" rising by at most {FLAT_MS:g} ms from the smallest N to the largest"], rows)
-
-
-def kill_table(runs: Timed, found: Killed, sizes: Sequence[int]) -> str:
-    """Model requests and tool calls of a killed and restarted run beside an uninterrupted
-    one (the first timed round's, counted the same way)."""
-    head = ["system", "N", "killed in tool call", "model requests: uninterrupted",
-            "model requests: killed + restarted", "extra model requests",
-            "tool calls: uninterrupted", "tool calls: killed + restarted"]
-    rows = []
-    for steps in sizes:
-        for system in SYSTEMS:
-            cells = [LABELS[system], str(steps), str(kill_at(steps))]
-            whole, cut = runs[system].get(steps), found[system].get(steps)
-            if not isinstance(whole, list) or not whole:
-                rows.append([*cells, f"did not run: {whole}", "", "", "", ""])
-            elif not isinstance(cut, dict):
-                rows.append([*cells, f"did not run: {cut}", "", "", "", ""])
-            else:
-                once = whole[0]["counted"]
-                rows.append([*cells, str(once["models"]), str(cut["models"]),
-                             f"{cut['models'] - once['models']:+d}", str(once["tools"]),
-                             str(cut["tools"])])
-    return table(head, rows)
 
 
 def versions() -> str:
@@ -542,17 +322,17 @@ def markdown(runs: Timed, found: Killed, sizes: Sequence[int], rounds: int, seco
         f" {rounds} interleaved round{'s' if rounds != 1 else ''} (with more than one, their"
         " range in brackets); each system's round its own process, running each N in turn in a"
         " fresh store or workflow (`bench/pydantic_ai_durable.py`).", "",
-        overhead_table(runs, sizes, "seconds"), "",
+        BENCH.overhead_table(runs, sizes, "seconds"), "",
         "The same runs on the CPU clock (every thread of the process): less shaken by other"
         " work on a shared machine, blind to waiting on the disk.", "",
-        overhead_table(runs, sizes, "cpu_seconds"), "",
+        BENCH.overhead_table(runs, sizes, "cpu_seconds"), "",
         "Issue 27's target, on the CPU clock (medians of the table above):", "",
         target_table(runs, sizes), "",
         "Each system's process SIGKILLed inside tool call k = N/2 (after the call's work, before"
         " its result is returned), then the same program started again to finish the run; model"
         " requests and tool calls counted across both processes. The plain run can only start"
         " over.", "",
-        kill_table(runs, found, sizes), "",
+        BENCH.kill_table(runs, found, sizes), "",
         f"{versions()}. Ran in {seconds:,.0f} s.",
     ])
 
@@ -587,17 +367,15 @@ def main() -> None:
         print(f"[{time.perf_counter() - started:6.1f}s] {line}", file=sys.stderr, flush=True)
 
     try:
-        runs = timed(sizes, args.rounds, work, say)
-        found = kills(sizes, work, say)
+        runs = BENCH.timed(sizes, args.rounds, work, say)
+        found = BENCH.kills(sizes, work, say)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     tables = markdown(runs, found, sizes, args.rounds, time.perf_counter() - started)
     print(tables)
     if args.out is not None:
         args.out.write_text(tables + "\n")
-    cells = [*(c for by_size in runs.values() for c in by_size.values()),
-             *(c for by_size in found.values() for c in by_size.values())]
-    sys.exit(1 if any(isinstance(cell, RunFailed) for cell in cells) else 0)
+    sys.exit(1 if failed(runs, found) else 0)
 
 
 if __name__ == "__main__":

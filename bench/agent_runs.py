@@ -1,0 +1,257 @@
+"""What the durable-agent benchmarks share (``pydantic_ai_durable.py``,
+``openai_agents_durable.py``): the parent side, which runs each system in a process of its
+own (timed rounds, then a run killed inside tool call N/2 and started again), and the tables.
+
+Each benchmark keeps its agent, its children and its prose; it describes itself to this
+module as an :class:`AgentBench` (its own script, which the children run, its systems and
+their labels, and the lease its tether child uses, which a restarted child waits out).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MARKER = "kill-marker"
+"""While this file is in a child's folder, the child SIGKILLs itself inside tool call N/2."""
+COUNTS = "counts.txt"
+"""A child's model requests and tool calls, a line each, kept across a SIGKILL."""
+CHILD_TIMEOUT = 600.0
+TARGET_MS = 1.0
+"""Issue 27's target: tether's CPU ms per tool call above the plain run, at N=10 and N=100."""
+TARGET_AT = (10, 100)
+FLAT_MS = 1.0
+"""... and flat: from the smallest N to the largest, tether's overhead rises by no more. A
+fall is no failure: it is the plain run's per-call cost growing faster than tether's (the
+Agents SDK's ``Runner`` re-reads its whole input each turn; tether asks the model directly)."""
+
+
+def kill_at(steps: int) -> int:
+    """The 1-based tool call a run is killed in."""
+    return max(1, steps // 2)
+
+
+class RunFailed(Exception):
+    """A child did not finish as it should; the table says why instead of a number."""
+
+
+Timed = dict[str, dict[int, list[dict[str, Any]] | RunFailed]]
+"""Per system and N, each round's run (seconds, answer, counts), or why there is none."""
+Killed = dict[str, dict[int, dict[str, int] | RunFailed]]
+"""Per system and N, the counts of a killed and restarted run, or why there are none."""
+
+
+@dataclass(frozen=True)
+class AgentBench:
+    """One benchmark, as the parent side needs it."""
+
+    script: Path
+    """The benchmark's own file: each child is ``script --child SYSTEM STEPS FOLDER``."""
+    systems: tuple[str, ...]
+    labels: Mapping[str, str]
+    lease: float
+    """tether's lease in a killed child: the restarted one waits it out."""
+
+    def spawn(self, system: str, sizes: Sequence[int], folder: Path, mode: str
+              ) -> subprocess.CompletedProcess[str]:
+        """Run one child: *system* at each of *sizes* in turn, in *folder*."""
+        return subprocess.run([sys.executable, str(self.script), "--child", system,
+                               ",".join(map(str, sizes)), str(folder), "--mode", mode],
+                              cwd=self.script.parent, capture_output=True, text=True,
+                              timeout=CHILD_TIMEOUT, check=False)
+
+    def timed(self, sizes: Sequence[int], rounds: int, work: Path,
+              say: Callable[[str], None]) -> Timed:
+        """Every system at every N, *rounds* interleaved rounds (the order of the systems
+        rotated each round). One process per system and round runs each N in turn, each in a
+        fresh store or workflow: on a loaded machine the imports alone take seconds, so a
+        process per run would make this take many minutes for no better figure."""
+        systems = self.systems
+        found: Timed = {s: {n: [] for n in sizes} for s in systems}
+        for round_ in range(rounds):
+            order = systems[round_ % len(systems):] + systems[:round_ % len(systems)]
+            for system in order:
+                say(f"round {round_ + 1}/{rounds}: {system}, N={','.join(map(str, sizes))}")
+                folder = Path(tempfile.mkdtemp(prefix=f"{system}-", dir=work))
+                try:
+                    runs = result_of(self.spawn(system, sizes, folder, "run"))
+                    for steps in sizes:
+                        slot = found[system][steps]
+                        if isinstance(slot, list):
+                            slot.append(runs[str(steps)] | {"counted": counts(folder / f"n{steps}")})
+                except (RunFailed, subprocess.TimeoutExpired) as failure:
+                    for steps in sizes:
+                        found[system][steps] = RunFailed(str(failure))
+                finally:
+                    shutil.rmtree(folder, ignore_errors=True)
+        return found
+
+    def killed(self, system: str, steps: int, work: Path) -> dict[str, int]:
+        """One run SIGKILLed inside its k-th tool call, then the same program started again
+        to finish it; the model requests and tool calls of both processes together."""
+        folder = Path(tempfile.mkdtemp(prefix=f"kill-{system}-", dir=work))
+        try:
+            (folder / MARKER).touch()
+            first = self.spawn(system, [steps], folder, "cold")
+            if first.returncode != -signal.SIGKILL:
+                raise RunFailed(f"the run was not killed (exit {first.returncode}):"
+                                f" {(first.stderr or first.stdout)[-300:]}")
+            (folder / MARKER).unlink()
+            if system == "tether":
+                time.sleep(self.lease + 0.2)  # the dead worker's lease runs out
+            result_of(self.spawn(system, [steps], folder,
+                                 "resume" if system != "plain" else "cold"))
+            return counts(folder / f"n{steps}")
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def kills(self, sizes: Sequence[int], work: Path, say: Callable[[str], None]) -> Killed:
+        found: Killed = {s: {} for s in self.systems}
+        for steps in sizes:
+            for system in self.systems:
+                say(f"killed in call {kill_at(steps)}: {system}, N={steps}")
+                try:
+                    found[system][steps] = self.killed(system, steps, work)
+                except (RunFailed, subprocess.TimeoutExpired) as failure:
+                    found[system][steps] = RunFailed(str(failure))
+        return found
+
+    def overhead_table(self, runs: Timed, sizes: Sequence[int], clock: str) -> str:
+        """Per system: ms per tool call, and above the plain run, on *clock*; then the ratio
+        (where DBOS ran)."""
+        what = "ms" if clock == "seconds" else "CPU ms"
+        head = ["system", *(f"N={n}: {what} per tool call" for n in sizes),
+                *(f"N={n}: overhead over plain, {what} per tool call" for n in sizes)]
+        rows = []
+        for system in self.systems:
+            cells = [self.labels[system]]
+            for steps in sizes:
+                found = runs[system].get(steps)
+                cells.append(f"did not run: {found}" if isinstance(found, RunFailed) else
+                             spread([r[clock] * 1000 / steps for r in found or []], 3))
+            for steps in sizes:
+                over = overheads(runs, system, steps, clock)
+                cells.append("" if system == "plain" or over is None else spread(over, 3))
+            rows.append(cells)
+        if "dbos" in self.systems:
+            rows.append(["**DBOS overhead / tether overhead**", *([""] * len(sizes)),
+                         *(overhead_ratio(runs, n, clock) for n in sizes)])
+        return table(head, rows)
+
+    def kill_table(self, runs: Timed, found: Killed, sizes: Sequence[int]) -> str:
+        """Model requests and tool calls of a killed and restarted run beside an uninterrupted
+        one (the first timed round's, counted the same way)."""
+        head = ["system", "N", "killed in tool call", "model requests: uninterrupted",
+                "model requests: killed + restarted", "extra model requests",
+                "tool calls: uninterrupted", "tool calls: killed + restarted"]
+        rows = []
+        for steps in sizes:
+            for system in self.systems:
+                cells = [self.labels[system], str(steps), str(kill_at(steps))]
+                whole, cut = runs[system].get(steps), found[system].get(steps)
+                if not isinstance(whole, list) or not whole:
+                    rows.append([*cells, f"did not run: {whole}", "", "", "", ""])
+                elif not isinstance(cut, dict):
+                    rows.append([*cells, f"did not run: {cut}", "", "", "", ""])
+                else:
+                    once = whole[0]["counted"]
+                    rows.append([*cells, str(once["models"]), str(cut["models"]),
+                                 f"{cut['models'] - once['models']:+d}", str(once["tools"]),
+                                 str(cut["tools"])])
+        return table(head, rows)
+
+
+def result_of(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise RunFailed(f"exit {done.returncode}: {' | '.join(tail)[-400:]}")
+    found: dict[str, Any] = json.loads(lines[-1])
+    return found
+
+
+def counts(folder: Path) -> dict[str, int]:
+    """Model requests and tool calls in a run's count file, over every process it had."""
+    lines = (folder / COUNTS).read_text().split()
+    return {"models": lines.count("model"), "tools": lines.count("tool")}
+
+
+def failed(runs: Timed, found: Killed) -> bool:
+    """Whether any run or kill did not give its figure (the benchmark then exits 1)."""
+    cells = [*(c for by_size in runs.values() for c in by_size.values()),
+             *(c for by_size in found.values() for c in by_size.values())]
+    return any(isinstance(cell, RunFailed) for cell in cells)
+
+
+def table(head: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def spread(values: list[float], digits: int = 2) -> str:
+    """The median, and with more than one value their range in brackets."""
+    middle = f"{statistics.median(values):,.{digits}f}"
+    if len(values) < 2:
+        return middle
+    return f"{middle} ({min(values):,.{digits}f} to {max(values):,.{digits}f})"
+
+
+def overheads(runs: Timed, system: str, steps: int, clock: str) -> list[float] | None:
+    """ms per tool call above the plain run of the same round, one value per round; *clock*
+    is ``seconds`` (wall) or ``cpu_seconds`` (every thread of the process)."""
+    mine, base = runs[system].get(steps), runs["plain"].get(steps)
+    if not isinstance(mine, list) or not isinstance(base, list) or not mine:
+        return None
+    return [(m[clock] - b[clock]) * 1000 / steps for m, b in zip(mine, base, strict=True)]
+
+
+def overhead_ratio(runs: Timed, steps: int, clock: str) -> str:
+    """DBOS's median overhead over tether's, as compare.py shows a ratio."""
+    ours = overheads(runs, "tether", steps, clock)
+    theirs = overheads(runs, "dbos", steps, clock)
+    if not ours or not theirs:
+        return "n/a"
+    if statistics.median(ours) <= 0:
+        return "n/a: tether's is below plain"
+    return f"**{statistics.median(theirs) / statistics.median(ours):.2f}x**"
+
+
+def target_table(runs: Timed, sizes: Sequence[int]) -> str:
+    """Issue 27's target on the CPU clock, met or not: per N the plain run's CPU ms per tool
+    call, tether's and DBOS's medians above it, then whether tether's is flat across N."""
+    def median(system: str, steps: int) -> float | None:
+        found = overheads(runs, system, steps, "cpu_seconds") if system in runs else None
+        return statistics.median(found) if found else None
+
+    def cell(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:+.3f}"
+
+    rows = []
+    for steps in sizes:
+        plain = runs["plain"].get(steps)
+        ours = median("tether", steps)
+        verdict = "-" if steps not in TARGET_AT or ours is None else (
+            "**met**" if ours <= TARGET_MS else f"**not met** ({ours - TARGET_MS:+.3f})")
+        rows.append([str(steps), spread([r["cpu_seconds"] * 1000 / steps for r in plain], 3)
+                     if isinstance(plain, list) and plain else "n/a",
+                     cell(ours), cell(median("dbos", steps)), verdict])
+    ours_all = [m for m in (median("tether", n) for n in sizes) if m is not None]
+    if len(ours_all) == len(sizes) > 1:
+        moved = ours_all[-1] - ours_all[0]
+        rows.append([f"flat, N={sizes[0]} to N={sizes[-1]}", "", f"moved {moved:+.3f}", "",
+                     "**met**" if moved <= FLAT_MS else "**not met**"])
+    return table(["N", "plain: CPU ms per tool call", "tether: CPU ms overhead per tool call",
+                  "DBOS: CPU ms overhead per tool call",
+                  f"target: tether <= {TARGET_MS:g} ms at N={' and N='.join(map(str, TARGET_AT))},"
+                  f" rising by at most {FLAT_MS:g} ms from the smallest N to the largest"], rows)
