@@ -255,7 +255,8 @@ async def run_tether(probe: Probe, sizes: Sequence[int], mode: str
             return str(info.snapshot.result)
 
         async with harness:
-            yield go
+            assert harness.store is not None  # opened (file and schema) outside the clock,
+            yield go  # as DBOS launches before its runs: once per process in real use
 
     return await run_each(probe, sizes, mode, session)
 
