@@ -242,12 +242,8 @@ def two_calls(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         ToolCallPart("echo", {"text": f"b{done}"}, tool_call_id=f"b{done}")])
 
 
-async def test_an_uninterrupted_run_makes_one_agent_iter_in_all(tmp_path: Path) -> None:
-    """No ``agent.iter`` per tool call, nor per plan: one run is kept open for the task, every
-    call ran through its plan's manager (two calls of one answer too), and the task ends as
-    it would."""
-    seen = Seen()
-    agent = tools_agent(seen, two_calls)
+def counted_runs(agent: Agent[None, str]) -> list[int]:
+    """A list that gets one item per ``agent.iter`` the agent opens from now on."""
     runs: list[int] = []
     iter_ = agent.iter
 
@@ -256,6 +252,16 @@ async def test_an_uninterrupted_run_makes_one_agent_iter_in_all(tmp_path: Path) 
         return iter_(*args, **kwargs)
 
     agent.iter = counted  # type: ignore[method-assign]
+    return runs
+
+
+async def test_an_uninterrupted_run_makes_one_agent_iter_in_all(tmp_path: Path) -> None:
+    """No ``agent.iter`` per tool call, nor per plan: one run is kept open for the task, every
+    call ran through its plan's manager (two calls of one answer too), and the task ends as
+    it would."""
+    seen = Seen()
+    agent = tools_agent(seen, two_calls)
+    runs = counted_runs(agent)
     h = tt.Harness(f"sqlite:///{tmp_path / 't.db'}",
                    settings=tt.Settings(recovery_backoff=0.01, poll_interval=0.01))
     h.add_agent("a", PydanticAIAgent(agent, stream=False,
@@ -347,14 +353,7 @@ async def test_a_user_message_between_answers_goes_to_the_same_kept_run(tmp_path
         return ModelResponse(parts=[ToolCallPart("echo", {"text": f"t{n}"}, tool_call_id=f"e{n}")])
 
     agent = tools_agent(Seen(), answer)
-    runs: list[int] = []
-    iter_ = agent.iter
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        runs.append(1)
-        return iter_(*args, **kwargs)
-
-    agent.iter = counted  # type: ignore[method-assign]
+    runs = counted_runs(agent)
     h = tt.Harness(f"sqlite:///{tmp_path / 't.db'}",
                    settings=tt.Settings(recovery_backoff=0.01, poll_interval=0.01))
     h.add_agent("a", PydanticAIAgent(agent, stream=False, tools={"echo": tt.ToolPolicy(idempotent=True)}))
