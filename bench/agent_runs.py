@@ -227,6 +227,25 @@ def overhead_ratio(runs: Timed, steps: int, clock: str) -> str:
     return f"**{statistics.median(theirs) / statistics.median(ours):.2f}x**"
 
 
+def tether_medians(runs: Timed, sizes: Sequence[int]) -> dict[str, float | None]:
+    """tether's median CPU ms overhead per tool call at each N (None where it did not run):
+    what compare.py puts in its targets table, read from the JSON line :func:`finish` prints."""
+    found = {n: overheads(runs, "tether", n, "cpu_seconds") for n in sizes}
+    return {str(n): statistics.median(v) if v else None for n, v in found.items()}
+
+
+def finish(tables: str, runs: Timed, found: Killed, sizes: Sequence[int],
+           out: Path | None) -> None:
+    """Print the tables, then one JSON line of tether's overheads (for compare.py); write the
+    tables to *out*; exit 1 if a run failed."""
+    print(tables)
+    print(json.dumps({"tether_cpu_overhead_ms": tether_medians(runs, sizes),
+                      "target_ms": TARGET_MS, "target_at": list(TARGET_AT), "flat_ms": FLAT_MS}))
+    if out is not None:
+        out.write_text(tables + "\n")
+    sys.exit(1 if failed(runs, found) else 0)
+
+
 def target_table(runs: Timed, sizes: Sequence[int]) -> str:
     """Issue 27's target on the CPU clock, met or not: per N the plain run's CPU ms per tool
     call, tether's and DBOS's medians above it, then whether tether's is flat across N."""

@@ -169,6 +169,18 @@ def postgres_throughput(pg: str, workers: list[int], tasks: int, steps: int) -> 
     return {n: postgres_workers.throughput(pg, n, tasks, steps) for n in workers}
 
 
+AGENT_BENCHES = {"pydantic_ai": ("pydantic_ai_durable.py", "benchmarks-pydantic-ai.md"),
+                 "openai_agents": ("openai_agents_durable.py", "benchmarks-openai-agents.md")}
+"""The durable-agent benchmarks this run also runs: their tables are written beside the report
+(and copied into it), their tether overheads go into its targets."""
+
+
+def agent_bench(name: str, folder: Path, work: Path) -> dict[str, Any]:
+    """One durable-agent benchmark at its default sizes, its tables written to *folder*."""
+    script, out = AGENT_BENCHES[name]
+    return python_json([script, "--out", str(folder / out), "--work", str(work)], timeout=3600)
+
+
 def postgres_reachable(pg: str) -> str | None:
     """None if PostgreSQL answers at *pg*, else why not."""
     try:
@@ -205,7 +217,11 @@ def main() -> None:
     parser.add_argument("--p0-trials", type=int, default=200, help="cross-process P0 trials")
     parser.add_argument("--p0-cpu-seconds", type=float, default=3.0,
                         help="seconds the worker's CPU is measured, idle and busy")
-    parser.add_argument("--smoke", action="store_true", help="everything tiny: checks the script")
+    parser.add_argument("--no-agents", action="store_true",
+                        help="leave out the durable-agent benchmarks (their last tables are"
+                             " copied in, with the date they ran)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="everything tiny, agent benchmarks left out: checks the script")
     parser.add_argument("--out", type=Path, default=DOCS / "benchmarks.md")
     parser.add_argument("--plot", type=Path, default=DOCS / "img" / "benchmarks-overhead.png")
     args = parser.parse_args()
@@ -213,7 +229,7 @@ def main() -> None:
         args.steps, args.rounds, args.recover_tasks, args.trials = "5,12", 1, 20, 20
         args.events, args.idle_tasks, args.workers = 50, 50, "1"
         args.throughput_tasks, args.throughput_steps = "1,4", 3
-        args.p0_trials, args.p0_cpu_seconds = 5, 0.3
+        args.p0_trials, args.p0_cpu_seconds, args.no_agents = 5, 0.3, True
     sizes = sorted(int(s) for s in args.steps.split(","))
     started = time.time()
 
@@ -247,6 +263,9 @@ def main() -> None:
                 many, task_counts, args.rounds, say)},
             "ingest": attempt("ingest", lambda: tether_figure("ingest", args.events, work), say),
             "idle": attempt("idle", lambda: tether_figure("idle", args.idle_tasks, work), say),
+            "agents": {} if args.no_agents else {
+                name: attempt(f"agents: {name}", lambda name=name: agent_bench(
+                    name, args.out.parent, work), say) for name in AGENT_BENCHES},
             "workers": None if no_pg else attempt("postgres workers", lambda: postgres_throughput(
                 args.pg, [int(w) for w in args.workers.split(",")], 50 if args.smoke else 200,
                 10), say),
@@ -255,7 +274,7 @@ def main() -> None:
         sizes=sizes, rounds=args.rounds, postgres_skipped=no_pg, smoke=args.smoke,
         date=dt.datetime.now(dt.UTC), seconds=time.time() - started,
         command=" ".join(["bench/compare.py", *sys.argv[1:]]),
-        plot=os.path.relpath(args.plot, args.out.parent))
+        plot=os.path.relpath(args.plot, args.out.parent), folder=args.out.parent)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.plot.parent.mkdir(parents=True, exist_ok=True)
     report.plot(results, context, args.plot)

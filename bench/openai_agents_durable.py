@@ -66,7 +66,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from agent_runs import COUNTS, MARKER, AgentBench, Killed, Timed, failed, kill_at, target_table
+from agent_runs import COUNTS, MARKER, AgentBench, Killed, Timed, finish, kill_at, target_table
 from workload import ARG, RESULT
 
 HAS_DBOS = (importlib.util.find_spec("dbos") is not None
@@ -624,10 +624,7 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     tables = markdown(runs, found, sizes, args.rounds, time.perf_counter() - started)
-    print(tables)
-    if args.out is not None:
-        args.out.write_text(tables + "\n")
-    sys.exit(1 if failed(runs, found) else 0)
+    finish(tables, runs, found, sizes, args.out)
 
 
 if __name__ == "__main__":

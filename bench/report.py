@@ -46,6 +46,8 @@ class Context:
     seconds: float
     command: str
     plot: str
+    folder: Path
+    """Where the report is written: the agent benchmarks of this run wrote their tables there."""
 
 
 def failed(value: Any) -> bool:
@@ -337,20 +339,51 @@ COPIED = (
     ("benchmarks-soak.md", "Soak: 100,000 tasks through one SQLite store with retention on",
      "bench/soak_retention.py"),
 )
-"""Benchmarks run on their own (each needs agents or servers of its own): the tables each
-wrote with ``--out``, copied in."""
+"""Benchmarks with tables of their own (each needs agents or servers of its own), copied in:
+the agent benchmarks as this run wrote them, the others from their last separate run."""
+AGENT_LABELS = {"pydantic_ai": ("PydanticAIAgent", "benchmarks-pydantic-ai.md"),
+                "openai_agents": ("OpenAIAgentsAgent", "benchmarks-openai-agents.md")}
 
 
-def copied_sections() -> list[str]:
-    """The sections of the separately run benchmarks whose tables exist."""
+def copied_sections(results: dict[str, Any], ctx: Context) -> list[str]:
+    """The sections of the benchmarks with tables of their own, where their tables exist."""
+    ran = {AGENT_LABELS[name][1] for name, found in results.get("agents", {}).items()
+           if not failed(found)}
     lines: list[str] = []
     for name, title, script in COPIED:
-        path = DOCS / name
+        path = ctx.folder / name if name in ran else DOCS / name
         if path.exists():
-            lines += ["", f"## {title}", "",
+            source = (f"From this run of `{script}`." if name in ran else
                       f"From a separate run of `{script} --out docs/{name}`, copied here by"
-                      " `compare.py`.", "", path.read_text().strip()]
+                      " `compare.py`.")
+            lines += ["", f"## {title}", "", source, "", path.read_text().strip()]
     return lines
+
+
+def agent_targets(results: dict[str, Any]) -> list[list[str]]:
+    """Issue 27's targets for each agent benchmark this run ran: tether's CPU ms per tool call
+    above the plain run, at the sizes asked, and how far it moved across the sizes."""
+    rows = []
+    for name, found in results.get("agents", {}).items():
+        label = AGENT_LABELS[name][0]
+        if failed(found):
+            rows.append([f"tether {label}: CPU overhead per tool call", "", f"did not run:"
+                         f" {found}", "n/a"])
+            continue
+        medians = {int(n): v for n, v in found["tether_cpu_overhead_ms"].items()}
+        for n in found["target_at"]:
+            value = medians.get(n)
+            rows.append([f"tether {label}: CPU overhead per tool call over plain, N={n}",
+                         f"≤ {found['target_ms']:g} ms", f"{fmt(value, 2)} ms",
+                         "n/a" if value is None else
+                         ("met" if value <= found["target_ms"] else "**missed**")])
+        sizes = sorted(medians)
+        if len(sizes) > 1 and None not in medians.values():
+            moved = medians[sizes[-1]] - medians[sizes[0]]
+            rows.append([f"tether {label}: its overhead, N={sizes[0]} to N={sizes[-1]}",
+                         f"rises ≤ {found['flat_ms']:g} ms", f"{moved:+.2f} ms",
+                         "met" if moved <= found["flat_ms"] else "**missed**"])
+    return rows
 
 
 def markdown(results: dict[str, Any], ctx: Context) -> str:
@@ -375,7 +408,8 @@ def markdown(results: dict[str, Any], ctx: Context) -> str:
         "",
         "## Targets",
         "",
-        table(["target", "asked", "this run", ""], targets(results, stats, ctx)),
+        table(["target", "asked", "this run", ""],
+              targets(results, stats, ctx) + agent_targets(results)),
         "",
         "## Figures",
         "",
@@ -403,7 +437,7 @@ def markdown(results: dict[str, Any], ctx: Context) -> str:
     ]
     if ctx.postgres_skipped:
         lines += [f"PostgreSQL systems were left out: {ctx.postgres_skipped}", ""]
-    lines += copied_sections()
+    lines += copied_sections(results, ctx)
     return "\n".join(lines)
 
 
