@@ -18,6 +18,7 @@ written here, by the runner: a ``model`` row in the dialog and the task's usage 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +31,7 @@ from tether.engine.task import RunningTask, hand_to_person
 from tether.errors import IllegalTransition
 from tether.model import CallState, CallStatus, OutcomeStatus, Snapshot, Status
 from tether.strategies import Strategy
-from tether.tools import args_hash, what_it_does
+from tether.tools import CALL_IDS, args_hash, what_it_does
 
 HELD_ANSWERS = ("Resume the task to run it again, resume it with the earlier result"
                 " (--earlier-result) to answer it without running it, or resume it with a"
@@ -78,7 +79,8 @@ def over_completion_limit(task: RunningTask) -> bool:
 def identity(tool: str, args: Mapping[str, Any]) -> str:
     """What a call does, as the repeat bound compares calls: the tool and its arguments,
     without the model's call id that a framework integration adds (PydanticAI's
-    ``tool_call_id``, the Agents SDK's ``call_id``, see :data:`~tether.tools.CALL_IDS`), and
+    ``tool_call_id``, the Agents SDK's and LangChain's ``call_id``, see
+    :data:`~tether.tools.CALL_IDS` and :data:`FRAMEWORK_CALL`), and
     with the Agents SDK's JSON text of the arguments read as JSON (the same arguments written
     with other spacing or key order are the same call). A tool of the app's own whose
     argument happens to be called ``call_id`` (a phone call's id) keeps it: there it is what
@@ -86,22 +88,22 @@ def identity(tool: str, args: Mapping[str, Any]) -> str:
     return f"{tool}:{args_hash(tool, _what(args))[:16]}"
 
 
-PYDANTIC_AI_CALL = frozenset({"tool_call_id", "args", "approval", "tool"})
-"""The arguments of a PydanticAI agent's tool as ``tether.integrations.pydantic_ai`` calls it."""
-AGENTS_SDK_CALL = frozenset({"call_id", "arguments"})
-"""The arguments of an Agents SDK tool as ``tether.integrations.openai_agents`` calls it."""
+FRAMEWORK_CALL = frozenset({"tool_call_id", "call_id", "args", "arguments", "approval", "tool"})
+"""The arguments of a framework's tool as tether's integrations call it: the model's call id
+(PydanticAI's ``tool_call_id``, the Agents SDK's and LangChain's ``call_id``), the model's
+arguments (``args``, or the Agents SDK's JSON text ``arguments``) and what tether adds."""
 
 
 def _what(args: Mapping[str, Any]) -> dict[str, Any]:
-    if "tool_call_id" in args and "args" in args and set(args) <= PYDANTIC_AI_CALL:
-        return what_it_does(dict(args))
-    if set(args) == AGENTS_SDK_CALL:
-        text = args["arguments"]
-        try:
-            return {"arguments": orjson.loads(text) if isinstance(text, str) else text}
-        except orjson.JSONDecodeError:
-            return {"arguments": text}
-    return dict(args)
+    keys = set(args)
+    if not (keys & CALL_IDS and keys & {"args", "arguments"} and keys <= FRAMEWORK_CALL):
+        return dict(args)
+    what = what_it_does(dict(args))
+    text = what.get("arguments")
+    if isinstance(text, str):
+        with contextlib.suppress(orjson.JSONDecodeError):  # kept as text: still compared
+            what["arguments"] = orjson.loads(text)
+    return what
 
 
 def summary(args: Mapping[str, Any]) -> str:

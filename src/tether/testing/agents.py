@@ -24,11 +24,11 @@ subclass the suites in your tests and give them a ``case`` fixture::
 The model is :class:`tether.testing.fake_openai.FakeOpenAI`, a real HTTP server of the chat
 completions API, so a case wires its framework's own OpenAI client to it (best
 :meth:`Endpoint.openai_client`: the P0 test watches that client's wire to know streamed text
-arrived). tether's own three cases are :data:`CHAT`, :data:`PYDANTIC_AI` and
-:data:`OPENAI_AGENTS` (:data:`TETHER_CASES`).
+arrived). tether's own cases are :data:`CHAT`, :data:`PYDANTIC_AI`, :data:`OPENAI_AGENTS` and
+:data:`LANGCHAIN` (:data:`TETHER_CASES`).
 """
 
-from tether.testing.agents_cases import CHAT, OPENAI_AGENTS, PYDANTIC_AI, TETHER_CASES
+from tether.testing.agents_cases import CHAT, LANGCHAIN, OPENAI_AGENTS, PYDANTIC_AI, TETHER_CASES
 from tether.testing.agents_kills import KILL_POINTS, AgentKillConformance, KillPoint, KillRun
 from tether.testing.agents_suite import AgentConformance
 from tether.testing.agents_world import (
@@ -42,6 +42,6 @@ from tether.testing.agents_world import (
     Wire,
 )
 
-__all__ = ["AGENT", "CHAT", "KILL_POINTS", "OPENAI_AGENTS", "PROPERTIES", "PYDANTIC_AI",
+__all__ = ["AGENT", "CHAT", "KILL_POINTS", "LANGCHAIN", "OPENAI_AGENTS", "PROPERTIES", "PYDANTIC_AI",
            "TETHER_CASES", "AdapterCase", "AgentConformance", "AgentKillConformance", "Build",
            "Endpoint", "KillPoint", "KillRun", "Ledger", "Shop", "Wire"]

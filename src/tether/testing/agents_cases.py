@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from pydantic_ai.messages import ModelMessage, ModelResponse
     from pydantic_ai.models.function import AgentInfo
 
-__all__ = ["CHAT", "OPENAI_AGENTS", "PYDANTIC_AI", "TETHER_CASES"]
+__all__ = ["CHAT", "LANGCHAIN", "OPENAI_AGENTS", "PYDANTIC_AI", "TETHER_CASES"]
 
 
 # ---------------------------------------------------------------------------- ChatAgent
@@ -143,5 +143,45 @@ OPENAI_AGENTS = AdapterCase(
     not_applicable={"approvals": "OpenAIAgentsAgent refuses the SDK's needs_approval tools"
                                  " when it is made (not mapped yet; guide section 13)"})
 
-TETHER_CASES = (CHAT, PYDANTIC_AI, OPENAI_AGENTS)
+# ---------------------------------------------------------------------------- LangChain
+
+
+def build_langchain(h: tt.Harness, shop: Shop, endpoint: Endpoint) -> None:
+    """A ``create_agent`` agent on ``langchain-openai``'s ``ChatOpenAI``; when the model cannot
+    stream, the same model with ``disable_streaming=True`` (LangChain's own switch); approvals
+    through LangChain's ``HumanInTheLoopMiddleware``."""
+    from langchain.agents import create_agent
+    from langchain.agents.middleware import AgentMiddleware, HumanInTheLoopMiddleware
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    from tether.integrations.langchain import LangChainAgent, current_call
+
+    @tool
+    async def lookup(order: str) -> dict[str, Any]:
+        """Look an order up."""
+        return await shop.lookup(current_call(), order)
+
+    @tool
+    async def refund(order: str, amount: int) -> str:
+        """Refund an order."""
+        return await shop.refund(current_call(), order, amount)
+
+    model = ChatOpenAI(model="fake-model", base_url=endpoint.url, api_key="none",  # type: ignore[arg-type]
+                       max_retries=0, http_async_client=endpoint.http_client(),
+                       disable_streaming=not endpoint.can_stream, stream_usage=True)
+    middleware: list[AgentMiddleware[Any, Any]] = [
+        HumanInTheLoopMiddleware(interrupt_on={"refund": True})] if shop.needs_approval else []
+    agent = create_agent(model, tools=[lookup, refund], middleware=middleware, name=AGENT)
+    h.add_agent(AGENT, LangChainAgent(agent, tools={
+        "lookup": tt.ToolPolicy(idempotent=True),
+        "refund": tt.ToolPolicy(side_effect=True,
+                                reconcile=shop.find_refund if shop.reconcile else None)}))
+
+
+LANGCHAIN = AdapterCase(
+    "langchain", build_langchain,
+    preload=("tether.integrations.langchain", "langchain_openai", "langchain.agents"))
+
+TETHER_CASES = (CHAT, PYDANTIC_AI, OPENAI_AGENTS, LANGCHAIN)
 """Every model adapter tether ships, for ``pytest.mark.parametrize``."""

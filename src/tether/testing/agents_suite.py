@@ -132,7 +132,7 @@ class AgentConformance:
             cut = [r for r in await s.h.history(TASK) if r.get("cut_off")]
             assert len(cut) == 1, cut
             partial = text_of(cut[0])
-            assert partial and full.startswith(partial) and len(partial) < len(full), partial
+            assert partial and full.startswith(partial) and len(partial) < len(full), (partial, full)
             await s.h.resume(TASK, "go on")
             info = await s.run()
             assert info.record.status is tt.Status.COMPLETED, info.record.reason

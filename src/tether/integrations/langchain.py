@@ -1,0 +1,547 @@
+"""Any LangChain v1 ``create_agent`` agent under tether, in one line (extra ``langchain``)::
+
+    agent = create_agent(ChatOpenAI(model="gpt-4.1-mini"), tools=[lookup, refund])
+    h.add_agent("support", LangChainAgent(agent, tools={"lookup": ToolPolicy(idempotent=True)}))
+
+LangGraph's checkpointer is called once per super-step, never when a tool call starts, and all
+calls of one answer run inside one ``tools`` node: a saver alone cannot put a resume point
+before a call, nor tell "never started" from "ran, result lost". So tether drives the agent's
+own compiled graph one model turn at a time instead:
+
+- **A model turn is a committed plan**: the graph runs from the conversation up to its
+  ``tools`` node (``interrupt_before``, no checkpointer), so the model node, its middleware
+  (``wrap_model_call``, ``before_model``, ``after_model``), retries, structured output and
+  streaming are LangChain's own. The answer is recorded before any call runs: a worker killed
+  after it never pays for it again. A P0 cuts a streamed answer (its text so far kept).
+- **Each tool call is a tether call** (``<agent>.<tool>``, flags from
+  :class:`tether.ToolPolicy`, a side effect unless named otherwise), run one at a time by the
+  agent's own ``ToolNode`` (so ``wrap_tool_call`` middleware and ``ToolRuntime`` injection
+  hold). The key is in ``runtime.config["configurable"][KEY]`` and :func:`current_call`.
+- **Reconcile hooks are checked when the agent is made**: a hook takes the tool's own
+  arguments, ``async def hook(ctx, order, amount)``, or the model's call, ``async def
+  hook(ctx, call_id, args)``; it returns ``None`` (it never happened), the tool's value, or a
+  ``ToolMessage`` for the call.
+- **Human in the loop**: ``HumanInTheLoopMiddleware(interrupt_on=...)`` becomes a tether wait
+  before each call it names, answered by an ``approval`` event (approve or reject) from the
+  console, the CLI, the API or a webhook, and kept across restarts.
+- **The conversation lives in the task's rows**, decoded once and fed only new rows while the
+  task runs here; a P1 message reaches the next model turn.
+
+What tether cannot keep is refused when the agent is made (:func:`unmapped`), naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from typing import Any, cast
+
+import pydantic_core
+
+from tether import dialog
+from tether.agent import DialogPosition, TaskView
+from tether.agents import prompt
+from tether.agents.base import PENDING, ModelAgent, approval_wait, hook_takes_call
+from tether.agents.model_calls import ModelError, RetryPolicy
+from tether.errors import ConfigurationError, MissingExtra
+from tether.model import Action, Finish, ToolCall
+from tether.tools import (
+    ReconcileFn,
+    Tool,
+    ToolContext,
+    ToolPolicy,
+    current_call,
+    hook_name,
+    running,
+)
+
+try:
+    from langchain.agents.middleware import HumanInTheLoopMiddleware
+    from langchain_core.callbacks import BaseCallbackHandler
+    from langchain_core.messages import (
+        AIMessage,
+        BaseMessage,
+        HumanMessage,
+        ToolMessage,
+        message_to_dict,
+        messages_from_dict,
+    )
+    from langchain_core.runnables import RunnableConfig
+    from langchain_core.tools import BaseTool
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+    from langgraph.graph.state import CompiledStateGraph
+    from langgraph.prebuilt import ToolNode
+    from langgraph.runtime import Runtime
+    from langgraph.types import Command, StreamMode
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise MissingExtra("the LangChain integration needs langchain and langgraph",
+                       "langchain") from exc
+
+__all__ = ["KEY", "LangChainAgent", "current_call", "messages_of", "unmapped"]
+
+KEY = "tether_idempotency_key"
+"""The ``config["configurable"]`` (and ``metadata``) entry holding a tool call's key."""
+AGAIN = 3
+"""Model turns one plan may take when an answer only holds calls that cannot be made."""
+CALL = ("call_id", "args")
+"""The arguments of tether's tool for a LangChain tool: a reconcile hook that takes these
+gets the model's call, else it gets the tool's own arguments."""
+ARGUMENTS_QUOTED = 400
+NOT_MADE = "error: this call was not made (its plan was dropped)"
+SKIPPED = "skipped: a person decided this call is not made"
+DENIED = "The tool call was rejected by a person."
+CHANNELS = frozenset({"messages", "jump_to", "structured_response", "hitl_edited_tool_calls"})
+"""The state a ``create_agent`` graph has of its own (and its human-in-the-loop middleware's,
+whose node tether stops before); tether keeps ``messages`` (its rows)."""
+
+
+class LangChainAgent(ModelAgent):
+    """A compiled ``create_agent`` graph as a tether agent (see the module docstring).
+    *context* is the run's ``context`` (the agent's ``context_schema``), given to middleware
+    and to tools through ``ToolRuntime``; *config* is merged into every run's config (tags,
+    callbacks, ``configurable``); *approval_timeout* bounds a wait for a person (None: none)."""
+
+    input_required = True
+
+    def __init__(self, agent: CompiledStateGraph[Any, Any, Any, Any], *,
+                 tools: Mapping[str, ToolPolicy] | None = None, context: Any = None,
+                 config: Mapping[str, Any] | None = None, stream: bool | None = None,
+                 retry: RetryPolicy | None = None, approval_timeout: float | None = None,
+                 version: str = "1") -> None:
+        super().__init__(retry=retry, stream=stream, version=version)
+        problems = list(unmapped(agent))
+        if problems:
+            raise ConfigurationError("tether cannot run this LangChain agent durably: "
+                                     + "; ".join(problems))
+        self.graph = agent
+        self.tool_node: ToolNode | None = _tool_node(agent)
+        self.tools: dict[str, BaseTool] = dict(self.tool_node.tools_by_name) \
+            if self.tool_node is not None else {}
+        self.approvals, self.stops = _approvals(agent)
+        self.context = context
+        self.config = dict(config or {})
+        self.approval_timeout = approval_timeout
+        self.policies = dict(tools or {})
+        unknown = sorted(set(self.policies) - set(self.tools))
+        if unknown:
+            raise ConfigurationError(f"tools= names {', '.join(unknown)}, which the agent does"
+                                     f" not have (it has: {', '.join(sorted(self.tools))})")
+        self.reconcilers: dict[str, ReconcileFn] = {
+            name: _reconciler(name, self.tools[name], policy.reconcile)
+            for name, policy in self.policies.items() if policy.reconcile is not None}
+
+    # ------------------------------------------------------------------ registration
+
+    def own_tools(self) -> Sequence[Tool]:
+        """One tether tool per LangChain tool of the agent, named ``<agent>.<tool>``."""
+        return [self._tool(name) for name in self.tools]
+
+    def _tool(self, name: str) -> Tool:
+        async def run(ctx: ToolContext, call_id: str, args: dict[str, Any],
+                      approval: dict[str, Any] | None = None) -> dict[str, Any]:
+            if approval is not None and not approval.get("approved"):
+                return _tool_message(call_id, name, approval.get("reason") or DENIED,
+                                     status="error")
+            return await self._run_tool(ctx, name, call_id, args)
+
+        run.__doc__ = f"LangChain tool {name}, run through tether."
+        policy = self.policies.get(name, ToolPolicy())
+        tool = dataclasses.replace(policy, reconcile=None).tool(run, f"{self.name}.{name}")
+        if name in self.reconcilers:
+            tool.reconcile(self.reconcilers[name])
+        return tool
+
+    # ------------------------------------------------------------------ planning
+
+    async def plan(self, task: TaskView) -> Action | list[Action]:
+        opening = _text(task.input)
+        history = self.kept(task, lambda: Messages(task.input, f"{self.name}.", opening),
+                            opening).result()
+        for _ in range(AGAIN):
+            state, seconds = await self._turn(history)
+            new = _added(history, state.get("messages") or [])
+            answer = next((m for m in reversed(new) if isinstance(m, AIMessage)), None)
+            extra = _unusable_calls(answer, self.tools)
+            _record(task, answer, new, extra, seconds)
+            calls = [c for c in (answer.tool_calls if answer is not None else [])
+                     if c["name"] in self.tools and c.get("id")]
+            if calls:
+                return self._calls(calls)  # the engine holds the answer
+            if answer is not None and not answer.tool_calls and not answer.invalid_tool_calls:
+                return Finish(_final(state, answer))
+            history = [*history, *map(_replayable, new), *extra]
+        raise ModelError(f"agent {self.name}: {AGAIN} answers in a row held only calls that"
+                         " cannot be made")
+
+    def _calls(self, calls: Sequence[Mapping[str, Any]]) -> list[Action]:
+        """The calls as tether actions; one the agent's human-in-the-loop middleware names
+        waits for an ``approval`` event first."""
+        actions: list[Action] = []
+        for call in calls:
+            args: dict[str, Any] = {"call_id": call["id"], "args": dict(call["args"])}
+            if call["name"] in self.approvals:
+                actions.append(approval_wait(self.approval_timeout))
+                args["approval"] = PENDING
+            actions.append(ToolCall(f"{self.name}.{call['name']}", args))
+        return actions
+
+    async def _turn(self, history: list[BaseMessage]) -> tuple[dict[str, Any], float]:
+        """One model turn of the agent's graph from *history*: the graph's state when it
+        stops before its tools (or ends), and the seconds it took."""
+        partial: list[str] = []
+
+        async def once() -> dict[str, Any]:
+            partial.clear()
+            config = self._config(None)
+            modes: list[StreamMode] = ["values", "messages"] if self.streams() else ["values"]
+            if self.streams():  # the model's tokens, as it hands them over, before any queue
+                config["callbacks"] = [*_callbacks(config), _Partial(partial)]
+            return await _run_to_tools(self.graph.astream(
+                {"messages": list(history)}, config, context=self.context,
+                interrupt_before=["tools", *self.stops], stream_mode=modes))
+
+        return await self.request(once, f"agent {self.name}", lambda: "".join(partial))
+
+    def _config(self, key: str | None) -> RunnableConfig:
+        config = cast(RunnableConfig, dict(self.config))
+        if key is not None:
+            config["configurable"] = {**config.get("configurable", {}), KEY: key}
+            config["metadata"] = {**config.get("metadata", {}), KEY: key}
+        return config
+
+    # ------------------------------------------------------------------ tools
+
+    async def _run_tool(self, ctx: ToolContext, name: str, call_id: str,
+                        args: Mapping[str, Any]) -> dict[str, Any]:
+        """Run one call through the agent's ``ToolNode`` (its ``wrap_tool_call`` middleware
+        and ``ToolRuntime`` injection); returns the ``ToolMessage`` as plain data."""
+        assert self.tool_node is not None, "a call is planned only for a tool the agent has"
+        call = {"name": name, "args": dict(args), "id": call_id, "type": "tool_call"}
+        with running(ctx):
+            output = await self.tool_node.ainvoke(
+                {"__type": "tool_call_with_context", "tool_call": call, "state": {"messages": []}},
+                self._config(ctx.idempotency_key), runtime=Runtime(context=self.context))
+        return _only_message(output, name, call_id)
+
+
+# ---------------------------------------------------------------------------- the graph
+
+
+def unmapped(agent: Any) -> Iterator[str]:
+    """What tether cannot keep of *agent*, each named (an empty iterator: it runs as is)."""
+    if not isinstance(agent, CompiledStateGraph) or "model" not in agent.nodes:
+        yield (f"{type(agent).__name__} is not a graph made by langchain.agents.create_agent"
+               " (hand-built LangGraph graphs are not mapped yet)")
+        return
+    if agent.checkpointer not in (None, False):
+        yield ("it has a checkpointer: tether keeps the conversation and the resume points;"
+               " build it with create_agent(...) without checkpointer=")
+    extra = sorted(c for c in agent.channels if c not in CHANNELS and not c.startswith(
+        ("__", "branch:")))
+    if extra:
+        yield (f"its state has {', '.join(extra)} beside messages, which tether does not keep"
+               " between model turns")
+    for node in agent.nodes:
+        if node.endswith((".before_agent", ".after_agent")):
+            yield (f"middleware hook {node} runs once per run, but tether runs the graph once"
+                   " per model turn")
+
+
+def _tool_node(agent: CompiledStateGraph[Any, Any, Any, Any]) -> ToolNode | None:
+    node = agent.nodes.get("tools")
+    bound = getattr(node, "bound", None)
+    return bound if isinstance(bound, ToolNode) else None
+
+
+def _approvals(agent: CompiledStateGraph[Any, Any, Any, Any]) -> tuple[frozenset[str], list[str]]:
+    """The tools the agent's human-in-the-loop middleware names (each call waits for a
+    person), and that middleware's nodes, which the graph is stopped before (tether waits
+    instead of LangGraph's ``interrupt``)."""
+    names: set[str] = set()
+    stops: list[str] = []
+    for middleware in _middleware(agent):
+        if isinstance(middleware, HumanInTheLoopMiddleware):
+            names |= {n for n, on in middleware.interrupt_on.items() if on}
+            stops += [n for n in agent.nodes if n.startswith(f"{middleware.name}.")]
+    return frozenset(names), stops
+
+
+def _middleware(agent: CompiledStateGraph[Any, Any, Any, Any]) -> Iterator[Any]:
+    """The middleware instances behind the graph's middleware nodes."""
+    seen: set[int] = set()
+    for name, node in agent.nodes.items():
+        if "." not in name:
+            continue
+        func = getattr(getattr(node, "bound", None), "func", None) or \
+            getattr(getattr(node, "bound", None), "afunc", None)
+        owner = getattr(func, "__self__", None)
+        if owner is not None and id(owner) not in seen:
+            seen.add(id(owner))
+            yield owner
+
+
+async def _run_to_tools(chunks: AsyncIterator[Any]) -> dict[str, Any]:
+    """Consume a graph run: its last state. (Streaming ``messages`` is asked for only so that
+    the model streams; its text is kept by :class:`_Partial`.)"""
+    state: dict[str, Any] = {}
+    try:
+        async for mode, chunk in chunks:
+            if mode == "values":
+                state = chunk
+    finally:
+        aclose = getattr(chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    return state
+
+
+class _Partial(BaseCallbackHandler):
+    """Keeps the text a model streams, token by token as the model hands it over (inline, not
+    through LangGraph's stream queue), so a P0 that cuts the answer keeps all of it."""
+
+    run_inline = True
+
+    def __init__(self, partial: list[str]) -> None:
+        self.partial = partial
+
+    def on_llm_new_token(self, token: str | list[str | dict[str, Any]], **kwargs: Any) -> None:
+        self.partial.append(token if isinstance(token, str) else
+                            "".join(t for t in token if isinstance(t, str)))
+
+
+def _callbacks(config: Mapping[str, Any]) -> list[Any]:
+    """The callback handlers a user's config gives (a list, or a manager's handlers)."""
+    given = config.get("callbacks")
+    if given is None:
+        return []
+    return list(given) if isinstance(given, list) else list(getattr(given, "handlers", []))
+
+
+def _added(history: Sequence[BaseMessage], messages: Sequence[BaseMessage]) -> list[BaseMessage]:
+    """The messages a turn added to *history* (every message of a history has an id)."""
+    seen = {m.id for m in history}
+    return [m for m in messages if m.id not in seen]
+
+
+def _unusable_calls(answer: AIMessage | None, tools: Mapping[str, BaseTool]) -> list[BaseMessage]:
+    """A tool message for each call of *answer* that cannot be made: arguments that are not
+    a JSON object, or a tool the agent does not have (as LangChain's ToolNode says)."""
+    if answer is None:
+        return []
+    out: list[BaseMessage] = []
+    for bad in answer.invalid_tool_calls:
+        out.append(ToolMessage(
+            f"error: the arguments for {bad.get('name')} are not a JSON object, so this call"
+            f" was not made. You sent: {prompt.clip(str(bad.get('args')), ARGUMENTS_QUOTED)}",
+            tool_call_id=bad.get("id") or "", name=bad.get("name") or "", status="error"))
+    for call in answer.tool_calls:
+        if call["name"] not in tools:
+            out.append(ToolMessage(f"Error: {call['name']} is not a valid tool, try one of"
+                                   f" [{', '.join(sorted(tools))}].", tool_call_id=call["id"] or "",
+                                   name=call["name"], status="error"))
+    return out
+
+
+def _record(task: TaskView, answer: AIMessage | None, new: Sequence[BaseMessage],
+            extra: Sequence[BaseMessage], seconds: float) -> None:
+    usage: Mapping[str, Any] = (answer.usage_metadata if answer is not None else None) or {}
+    meta = answer.response_metadata if answer is not None else {}
+    task.record_completion(str(meta.get("model_name") or meta.get("model") or "unknown"),
+                           usage={"prompt_tokens": usage.get("input_tokens", 0),
+                                  "completion_tokens": usage.get("output_tokens", 0)},
+                           finish_reason="tool_calls" if answer is not None and answer.tool_calls
+                           else "stop", seconds=seconds,
+                           messages=[_dumped(m) for m in [*new, *extra]])
+
+
+def _final(state: Mapping[str, Any], answer: AIMessage) -> Any:
+    """The run's result: its structured response when the agent has a response format, else
+    the answer's text."""
+    structured = state.get("structured_response")
+    if structured is not None:
+        return pydantic_core.to_jsonable_python(structured, fallback=str)
+    return answer.text
+
+
+def _only_message(output: Any, name: str, call_id: str) -> dict[str, Any]:
+    """The one tool message a ToolNode run of one call gave, as plain data."""
+    messages = output.get("messages") if isinstance(output, Mapping) else output
+    if isinstance(messages, ToolMessage):
+        messages = [messages]
+    if isinstance(messages, list) and len(messages) == 1 and isinstance(messages[0], ToolMessage):
+        return _dumped(messages[0])
+    kind = "a Command" if isinstance(output, Command) or (
+        isinstance(messages, list) and any(isinstance(m, Command) for m in messages)) \
+        else type(output).__name__
+    raise ModelError(f"LangChain tool {name} (call {call_id}) returned {kind}, not one tool"
+                     " message; tether keeps the conversation, not graph state a tool updates")
+
+
+# ---------------------------------------------------------------------------- reconcile hooks
+
+
+def _reconciler(name: str, tool: BaseTool, hook: ReconcileFn) -> ReconcileFn:
+    """*hook* of the LangChain tool *name*, checked against it now and wrapped as tether's
+    tool is called: with the model's call (see :data:`CALL`)."""
+    params = convert_to_openai_tool(tool)["function"].get("parameters") or {}  # the model's
+    takes_call, properties = hook_takes_call(name, hook, params, CALL,
+                                             "async def hook(ctx, call_id: str, args: dict)")
+
+    async def reconcile(ctx: ToolContext, call_id: str, args: dict[str, Any],
+                        approval: dict[str, Any] | None = None) -> Any:
+        if takes_call:
+            found = await hook(ctx, call_id=call_id, args=args)
+        else:
+            found = await hook(ctx, **{k: v for k, v in args.items() if k in properties})
+        return None if found is None else _found_message(found, name, call_id, hook, ctx.tool)
+
+    reconcile.__doc__ = f"The reconcile hook {hook_name(hook)} of LangChain tool {name}."
+    return reconcile
+
+
+def _found_message(value: Any, name: str, call_id: str, hook: Any,
+                   tether_tool: str) -> dict[str, Any]:
+    """What a reconcile hook found, as the call's tool message: a ``ToolMessage`` for this
+    call, else the value as the tool's content."""
+    if isinstance(value, ToolMessage):
+        if value.tool_call_id != call_id:
+            raise ConfigurationError(
+                f"reconcile hook {hook_name(hook)} of tool {tether_tool!r} returned a"
+                f" ToolMessage for call {value.tool_call_id!r}, not for call {call_id!r};"
+                " return the tool's value, a ToolMessage for the call, or None if it never"
+                " happened")
+        return _dumped(value)
+    return _tool_message(call_id, name, value)
+
+
+def _tool_message(call_id: str, name: str, content: Any, status: str = "success"
+                  ) -> dict[str, Any]:
+    text = content if isinstance(content, str) else _text(content)
+    return _dumped(ToolMessage(text, tool_call_id=call_id, name=name, status=status))
+
+
+# ---------------------------------------------------------------------------- history
+
+
+def messages_of(rows: Sequence[Mapping[str, Any]], opening: Any,
+                prefix: str = "") -> list[BaseMessage]:
+    """The LangChain messages a task's dialog rows hold after *opening* (the task's input)."""
+    decoded = Messages(opening, prefix, "")
+    decoded.feed(rows)
+    return decoded.result()
+
+
+class Messages:
+    """A task's LangChain messages, decoded as its rows come (a running task feeds only the
+    rows added since its last plan). Providers want every call answered before the
+    conversation goes on, so a message that came while calls were open follows their
+    results, and a call never made is answered as such."""
+
+    def __init__(self, opening: Any, prefix: str, key: str) -> None:
+        self.messages: list[BaseMessage] = _opening(opening)
+        self.held: list[BaseMessage] = []
+        self.open_calls: dict[str, str] = {}  # call id -> tool name, in order
+        self.call_ids: dict[str, str] = {}
+        self.prefix = prefix
+        self.opening = key
+        self.position: DialogPosition | None = None
+        self.count = len(self.messages)
+
+    def feed(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        for row in map(dialog.read, rows):
+            if isinstance(row, dialog.CallRow):
+                if row.name.startswith(self.prefix) and isinstance(row.args, Mapping):
+                    self.call_ids[row.key] = str(row.args.get("call_id", ""))
+                continue
+            if isinstance(row, dialog.Completion) and self.open_calls:  # a dropped plan's calls
+                self._add(*self._not_made(), *self.held)
+                self.held = []
+            for message in self._messages(row):
+                if not isinstance(row, dialog.Completion) and not isinstance(message, ToolMessage) \
+                        and self.open_calls:
+                    self.count += 1
+                    message.id = message.id or f"tether-{self.count}"
+                    self.held.append(message)
+                else:
+                    self._add(message)
+            if self.held and not self.open_calls:
+                self._add(*self.held)
+                self.held = []
+
+    def _add(self, *messages: BaseMessage) -> None:
+        for message in messages:
+            if message.id is None:
+                self.count += 1
+                message.id = f"tether-{self.count}"
+            self.messages.append(message)
+            if isinstance(message, AIMessage):
+                self.open_calls.update({c["id"]: c["name"] for c in message.tool_calls if c["id"]})
+            elif isinstance(message, ToolMessage):
+                self.open_calls.pop(message.tool_call_id, None)
+
+    def _not_made(self) -> list[BaseMessage]:
+        return [ToolMessage(NOT_MADE, tool_call_id=c, name=n, status="error",
+                            id=f"tether-not-made-{c}") for c, n in self.open_calls.items()]
+
+    def _messages(self, row: dialog.DialogRow) -> list[BaseMessage]:
+        """What one dialog row adds to the conversation."""
+        if isinstance(row, dialog.Completion):
+            return [_replayable(m) for m in messages_from_dict(row.messages)]
+        if isinstance(row, dialog.ReplyRow):
+            return [AIMessage(_text(row.text) + dialog.CUT_OFF)] if row.cut_off else []
+        if isinstance(row, dialog.ResultRow):
+            return self._result(row)
+        if isinstance(row, dialog.UserRow | dialog.EventRow):
+            return [HumanMessage(dialog.spoken(row, _text(row.content)))]
+        if isinstance(row, dialog.Decision):
+            return [HumanMessage(f"[decide] {_text(row.content)}")]
+        return []
+
+    def _result(self, row: dialog.ResultRow) -> list[BaseMessage]:
+        content = row.content
+        if isinstance(content, Mapping) and content.get("type") == "tool":
+            return messages_from_dict([dict(content)])
+        call_id = self.call_ids.get(row.key)
+        if call_id is None or not row.name.startswith(self.prefix):
+            return []
+        name = row.name[len(self.prefix):]
+        if row.error is not None:
+            return [ToolMessage(f"error: {row.error}", tool_call_id=call_id, name=name,
+                                status="error")]
+        return [ToolMessage(SKIPPED if row.skipped else _text(content), tool_call_id=call_id,
+                            name=name)]
+
+    def result(self) -> list[BaseMessage]:
+        """The messages so far; calls still open answered as never made."""
+        return [*self.messages, *self._not_made(), *self.held]
+
+
+def _opening(value: Any) -> list[BaseMessage]:
+    """The task's input as messages: a list of LangChain message dicts as they are, else one
+    human message."""
+    if isinstance(value, list) and value and all(isinstance(m, Mapping) and "type" in m
+                                                 and "data" in m for m in value):
+        return messages_from_dict(value)
+    return [HumanMessage(_text(value), id="tether-input")]
+
+
+def _replayable(message: BaseMessage) -> BaseMessage:
+    """A message as a model is sent it again: calls whose arguments were not a JSON object
+    are replayed as calls with ``{}`` (a strict server answers HTTP 500 to every request
+    holding one); the tool message after each says what the model sent."""
+    if not isinstance(message, AIMessage) or not message.invalid_tool_calls:
+        return message
+    calls = [*message.tool_calls, *({"name": bad.get("name") or "", "args": {},
+                                      "id": bad.get("id") or "", "type": "tool_call"}
+                                     for bad in message.invalid_tool_calls)]
+    return message.model_copy(update={"tool_calls": calls, "invalid_tool_calls": []})
+
+
+def _dumped(message: BaseMessage) -> dict[str, Any]:
+    return dict(pydantic_core.to_jsonable_python(message_to_dict(message), fallback=str))
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(
+        pydantic_core.to_jsonable_python(value, fallback=str))
