@@ -162,14 +162,17 @@ class LangChainAgent(ModelAgent):
             state, seconds = await self._turn(history)
             new = _added(history, state.get("messages") or [])
             answer = next((m for m in reversed(new) if isinstance(m, AIMessage)), None)
-            extra = _unusable_calls(answer, self.tools)
+            extra = _unusable_calls(answer, self.tools, new)
             _record(task, answer, new, extra, seconds)
+            if state.get("structured_response") is not None:  # the model node ended the run
+                return Finish(pydantic_core.to_jsonable_python(state["structured_response"],
+                                                               fallback=str))
             calls = [c for c in (answer.tool_calls if answer is not None else [])
                      if c["name"] in self.tools and c.get("id")]
             if calls:
                 return self._calls(calls)  # the engine holds the answer
             if answer is not None and not answer.tool_calls and not answer.invalid_tool_calls:
-                return Finish(_final(state, answer))
+                return Finish(answer.text)
             history = [*history, *map(_replayable, new), *extra]
         raise ModelError(f"agent {self.name}: {AGAIN} answers in a row held only calls that"
                          " cannot be made")
@@ -324,19 +327,22 @@ def _added(history: Sequence[BaseMessage], messages: Sequence[BaseMessage]) -> l
     return [m for m in messages if m.id not in seen]
 
 
-def _unusable_calls(answer: AIMessage | None, tools: Mapping[str, BaseTool]) -> list[BaseMessage]:
-    """A tool message for each call of *answer* that cannot be made: arguments that are not
-    a JSON object, or a tool the agent does not have (as LangChain's ToolNode says)."""
+def _unusable_calls(answer: AIMessage | None, tools: Mapping[str, BaseTool],
+                    new: Sequence[BaseMessage]) -> list[BaseMessage]:
+    """A tool message for each call of *answer* that cannot be made and that the turn did
+    not answer itself (as a structured response's call is): arguments that are not a JSON
+    object, or a tool the agent does not have (as LangChain's ToolNode says)."""
     if answer is None:
         return []
+    answered = {m.tool_call_id for m in new if isinstance(m, ToolMessage)}
     out: list[BaseMessage] = []
-    for bad in answer.invalid_tool_calls:
+    for bad in (b for b in answer.invalid_tool_calls if b.get("id") not in answered):
         out.append(ToolMessage(
             f"error: the arguments for {bad.get('name')} are not a JSON object, so this call"
             f" was not made. You sent: {prompt.clip(str(bad.get('args')), ARGUMENTS_QUOTED)}",
             tool_call_id=bad.get("id") or "", name=bad.get("name") or "", status="error"))
     for call in answer.tool_calls:
-        if call["name"] not in tools:
+        if call["name"] not in tools and call["id"] not in answered:
             out.append(ToolMessage(f"Error: {call['name']} is not a valid tool, try one of"
                                    f" [{', '.join(sorted(tools))}].", tool_call_id=call["id"] or "",
                                    name=call["name"], status="error"))
@@ -353,15 +359,6 @@ def _record(task: TaskView, answer: AIMessage | None, new: Sequence[BaseMessage]
                            finish_reason="tool_calls" if answer is not None and answer.tool_calls
                            else "stop", seconds=seconds,
                            messages=[_dumped(m) for m in [*new, *extra]])
-
-
-def _final(state: Mapping[str, Any], answer: AIMessage) -> Any:
-    """The run's result: its structured response when the agent has a response format, else
-    the answer's text."""
-    structured = state.get("structured_response")
-    if structured is not None:
-        return pydantic_core.to_jsonable_python(structured, fallback=str)
-    return answer.text
 
 
 def _only_message(output: Any, name: str, call_id: str) -> dict[str, Any]:

@@ -1,0 +1,255 @@
+"""A LangChain ``create_agent`` agent under tether (R1, R8, R10, R12, R17, R26; issue 28).
+
+LangChain's own fake chat model (``FakeMessagesListChatModel`` from langchain-core, which
+cannot stream and, as shipped, cannot bind tools: a subclass binds them) stands in for the
+model, no server. The store is a real SQLite file. The model-agent conformance suite (P0 cut
+of a streamed answer, P1 messages, approvals, reconcile shapes, loop bounds, usage, SIGKILLs
+at every failpoint) runs over this adapter with ``langchain-openai`` against the fake OpenAI
+server: tests/acceptance/test_r01_r03_r10_r17_agent_conformance.py and tests/chaos/.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _support import fast_settings
+from langchain.agents import create_agent
+from langchain.agents.middleware import AgentMiddleware, AgentState, wrap_tool_call
+from langchain.tools import ToolRuntime
+from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.tools import tool
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import START, MessagesState, StateGraph
+from pydantic import BaseModel
+
+import tether as tt
+from tether.errors import ConfigurationError
+from tether.integrations.langchain import KEY, LangChainAgent, current_call, messages_of
+
+SEEN: list[list[BaseMessage]] = []
+"""Every request the scripted model got, in order (cleared by each test that reads it)."""
+
+
+class Scripted(FakeMessagesListChatModel):
+    """LangChain's fake chat model, answering from its list; every request goes to SEEN."""
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Any:
+        return self
+
+    def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> Any:
+        SEEN.append(list(messages))
+        return super()._generate(messages, *args, **kwargs)
+
+
+def calls(*made: tuple[str, dict[str, Any]], text: str = "") -> AIMessage:
+    return AIMessage(text, tool_calls=[{"name": n, "args": a, "id": f"c{i}_{n}"}
+                                       for i, (n, a) in enumerate(made)],
+                     usage_metadata={"input_tokens": 20, "output_tokens": 9, "total_tokens": 29})
+
+
+class Shop:
+    def __init__(self) -> None:
+        self.refunds: list[tuple[str, str]] = []
+        self.lookups = 0
+
+
+def shop_tools(shop: Shop) -> list[Any]:
+    @tool
+    async def refund(order: str, amount: int, runtime: ToolRuntime) -> str:
+        """Refund an order."""
+        key = runtime.config["configurable"][KEY]
+        assert key == current_call().idempotency_key
+        shop.refunds.append((key, order))
+        return f"refunded {amount} on {order}"
+
+    @tool
+    def lookup(order: str) -> str:
+        """Look an order up (a plain def: LangChain runs it in a thread)."""
+        shop.lookups += 1
+        return f"order {order}: paid 40"
+
+    return [refund, lookup]
+
+
+def harness(tmp_path: Path, agent: Any, **options: Any) -> tt.Harness:
+    h = tt.Harness(f"sqlite:///{tmp_path / 'lc.db'}", settings=fast_settings())
+    options.setdefault("tools", {"lookup": tt.ToolPolicy(idempotent=True)})
+    h.add_agent("support", LangChainAgent(agent, **options))
+    return h
+
+
+async def finished(h: tt.Harness, task: str) -> tt.TaskInfo:
+    await h.run_until_idle(timeout=20)
+    return await h.get(task)
+
+
+async def test_r17_a_create_agent_agent_runs_as_a_tether_task_in_one_line(tmp_path: Path) -> None:
+    """Both calls of one answer run as tether calls (the refund a side effect by default, the
+    lookup idempotent as named), the tool sees tether's key through ToolRuntime's config and
+    current_call(), a plain ``def`` tool runs, and the usage is the model's."""
+    shop = Shop()
+    model = Scripted(responses=[calls(("lookup", {"order": "A1"}),
+                                      ("refund", {"order": "A1", "amount": 5})),
+                                AIMessage("Refunded.", usage_metadata={
+                                    "input_tokens": 30, "output_tokens": 6, "total_tokens": 36})])
+    h = harness(tmp_path, create_agent(model, tools=shop_tools(shop), system_prompt="Be brief."))
+    assert h.tools["support.refund"].side_effect and not h.tools["support.lookup"].side_effect
+    task = await h.submit("support", "Refund 5 on A1")
+    info = await finished(h, task)
+    assert info.record.status is tt.Status.COMPLETED, info.record.reason
+    assert info.snapshot.result == "Refunded."
+    assert shop.lookups == 1 and len(shop.refunds) == 1
+    assert shop.refunds[0][0] in {r.key for r in await h.store.list_idempotency(task)}
+    assert info.snapshot.usage == {"completions": 2, "prompt_tokens": 50, "completion_tokens": 15}
+    await h.close()
+
+
+async def test_r08_the_history_is_langchains_own_and_the_model_sees_it_whole(
+        tmp_path: Path) -> None:
+    """The second request holds the system prompt, the input, the answer with both calls and
+    both tool messages, in order; the task's rows decode to the same conversation."""
+    shop = Shop()
+    SEEN.clear()
+    model = Scripted(responses=[calls(("lookup", {"order": "A1"}),
+                                      ("refund", {"order": "A1", "amount": 5})),
+                                AIMessage("Refunded.")])
+    h = harness(tmp_path, create_agent(model, tools=shop_tools(shop), system_prompt="Be brief."))
+    task = await h.submit("support", "Refund 5 on A1")
+    assert (await finished(h, task)).record.status is tt.Status.COMPLETED
+    second = SEEN[1]
+    assert [type(m).__name__ for m in second] == [
+        "SystemMessage", "HumanMessage", "AIMessage", "ToolMessage", "ToolMessage"]
+    assert [m.tool_call_id for m in second if isinstance(m, ToolMessage)] == \
+        ["c0_lookup", "c1_refund"]
+    decoded = messages_of(await h.history(task), "Refund 5 on A1", "support.")
+    assert [type(m).__name__ for m in decoded] == [
+        "HumanMessage", "AIMessage", "ToolMessage", "ToolMessage", "AIMessage"]
+    assert decoded[-1].content == "Refunded."
+    await h.close()
+
+
+async def test_r17_wrap_tool_call_middleware_runs_around_each_tether_call(tmp_path: Path) -> None:
+    """A ``wrap_tool_call`` middleware sees each call, inside the tether call (its key is
+    current), and what it returns is the call's result."""
+    shop = Shop()
+    wrapped: list[str] = []
+
+    @wrap_tool_call
+    async def audit(request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
+        wrapped.append(f"{request.tool_call['name']}:{current_call().idempotency_key}")
+        result = await handler(request)
+        return ToolMessage(f"{result.content} (audited)", tool_call_id=result.tool_call_id)
+
+    model = Scripted(responses=[calls(("lookup", {"order": "A1"})), AIMessage("ok")])
+    h = harness(tmp_path, create_agent(model, tools=shop_tools(shop), middleware=[audit]))
+    task = await h.submit("support", "look A1 up")
+    assert (await finished(h, task)).record.status is tt.Status.COMPLETED
+    key = (await h.store.list_idempotency(task))[0].key
+    assert wrapped == [f"lookup:{key}"]
+    results = [r for r in await h.history(task) if r.get("role") == "tool"]
+    assert "(audited)" in str(results[0]["content"])
+    await h.close()
+
+
+class Verdict(BaseModel):
+    refunded: bool
+    order: str
+
+
+async def test_r17_a_structured_response_is_the_tasks_result(tmp_path: Path) -> None:
+    """With ``response_format`` (LangChain's tool strategy, handled inside its model node),
+    the task's result is the structured response as plain data."""
+    model = Scripted(responses=[calls(("Verdict", {"refunded": True, "order": "A1"}))])
+    agent = create_agent(model, tools=shop_tools(Shop()), response_format=Verdict)
+    h = harness(tmp_path, agent)
+    task = await h.submit("support", "did A1 get its refund?")
+    info = await finished(h, task)
+    assert info.record.status is tt.Status.COMPLETED, info.record.reason
+    assert info.snapshot.result == {"refunded": True, "order": "A1"}
+    await h.close()
+
+
+async def test_r12_r22_unparsable_arguments_are_told_to_the_model_and_replayed_valid(
+        tmp_path: Path) -> None:
+    """A call whose arguments are not JSON is never made: the model is told what it sent in
+    the same plan, and every later request carries the call with ``{}`` (a strict server
+    answers HTTP 500 to a replayed unparsable call), answered by that error."""
+    SEEN.clear()
+    broken = AIMessage("", invalid_tool_calls=[{"name": "refund", "args": "{'order': A1",
+                                                 "id": "bad1", "error": "not JSON",
+                                                 "type": "invalid_tool_call"}])
+    model = Scripted(responses=[broken, AIMessage("Sorry, I could not.")])
+    shop = Shop()
+    h = harness(tmp_path, create_agent(model, tools=shop_tools(shop)))
+    task = await h.submit("support", "Refund A1")
+    info = await finished(h, task)
+    assert info.record.status is tt.Status.COMPLETED and not shop.refunds
+    replayed = next(m for m in SEEN[1] if isinstance(m, AIMessage))
+    assert replayed.tool_calls == [{"name": "refund", "args": {}, "id": "bad1",
+                                    "type": "tool_call"}] and not replayed.invalid_tool_calls
+    told = next(m for m in SEEN[1] if isinstance(m, ToolMessage))
+    assert told.tool_call_id == "bad1" and "{'order': A1" in str(told.content)
+    await h.close()
+
+
+async def test_r10_a_reconcile_hook_is_checked_when_the_agent_is_made(tmp_path: Path) -> None:
+    """A hook that fits neither the tool's arguments nor the model's call is refused at once,
+    naming the tool; one that takes the tool's arguments is accepted."""
+    agent = create_agent(Scripted(responses=[]), tools=shop_tools(Shop()))
+
+    async def wrong(ctx: tt.ToolContext, customer: str) -> None:
+        return None
+
+    async def right(ctx: tt.ToolContext, order: str, amount: int) -> None:
+        return None
+
+    with pytest.raises(ConfigurationError, match="refund"):
+        LangChainAgent(agent, tools={"refund": tt.ToolPolicy(side_effect=True, reconcile=wrong)})
+    LangChainAgent(agent, tools={"refund": tt.ToolPolicy(side_effect=True, reconcile=right)})
+    with pytest.raises(ConfigurationError, match="nope"):
+        LangChainAgent(agent, tools={"nope": tt.ToolPolicy()})
+
+
+class Remembering(AgentMiddleware[AgentState[Any], Any]):
+    """Middleware with a hook that runs once per agent run."""
+
+    async def abefore_agent(self, state: AgentState[Any], runtime: Any) -> None:
+        return None
+
+
+class Noted(AgentState[Any]):
+    notes: list[str]
+
+
+@pytest.mark.parametrize(("build", "named"), [
+    (lambda: create_agent(Scripted(responses=[]), tools=[], checkpointer=InMemorySaver()),
+     "checkpointer"),
+    (lambda: create_agent(Scripted(responses=[]), tools=[], middleware=[Remembering()]),
+     "Remembering.before_agent"),
+    (lambda: create_agent(Scripted(responses=[]), tools=[], state_schema=Noted), "notes"),
+    (lambda: StateGraph(MessagesState).add_node("x", lambda s: s).add_edge(START, "x").compile(),
+     "not a graph made by langchain.agents.create_agent"),
+], ids=["checkpointer", "before_agent", "extra_state", "hand_built_graph"])
+def test_r26_what_tether_cannot_keep_is_refused_by_name(build: Callable[[], Any],
+                                                         named: str) -> None:
+    with pytest.raises(ConfigurationError, match=named):
+        LangChainAgent(build())
+
+
+async def test_r17_a_list_of_langchain_messages_is_a_valid_input(tmp_path: Path) -> None:
+    """A task's input may be the conversation so far (LangChain message dicts)."""
+    from langchain_core.messages import messages_to_dict
+
+    SEEN.clear()
+    model = Scripted(responses=[AIMessage("Hello again.")])
+    h = harness(tmp_path, create_agent(model, tools=shop_tools(Shop())))
+    opening = messages_to_dict([HumanMessage("hi"), AIMessage("hello"), HumanMessage("again")])
+    task = await h.submit("support", opening)
+    info = await finished(h, task)
+    assert info.snapshot.result == "Hello again."
+    assert [m.content for m in SEEN[0]] == ["hi", "hello", "again"]
+    await h.close()
