@@ -1,5 +1,6 @@
 """What the durable-agent benchmarks share (``pydantic_ai_durable.py``,
-``openai_agents_durable.py``): the parent side, which runs each system in a process of its
+``openai_agents_durable.py``, ``langchain_durable.py``): the child's probe and timed runs, the
+parent side, which runs each system in a process of its
 own (timed rounds, then a run killed inside tool call N/2 and started again), and the tables.
 
 Each benchmark keeps its agent, its children and its prose; it describes itself to this
@@ -9,7 +10,9 @@ their labels, and the lease its tether child uses, which a restarted child waits
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import shutil
 import signal
 import statistics
@@ -17,11 +20,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from workload import RESULT
+
+WARMUP = 2
+"""Tool calls of the warm-up run each timed child makes before the run it times."""
 MARKER = "kill-marker"
 """While this file is in a child's folder, the child SIGKILLs itself inside tool call N/2."""
 COUNTS = "counts.txt"
@@ -51,6 +60,72 @@ Killed = dict[str, dict[int, dict[str, int] | RunFailed]]
 """Per system and N, the counts of a killed and restarted run, or why there are none."""
 
 
+
+# ---------------------------------------------------------------------------- the child side
+
+
+@dataclasses.dataclass
+class Probe:
+    """What the model function and the tool report: calls counted in memory and, line by
+    line, in a file that outlives a SIGKILL; and the kill hook."""
+
+    folder: Path
+    """The process's folder: the kill marker, and a folder per run."""
+    armed: bool = False
+    """The kill hook fires inside tool call N/2 while the marker file exists."""
+    steps: int = WARMUP
+    models: int = 0
+    tools: int = 0
+    fd: int | None = None
+
+    def begin(self, steps: int, folder: Path) -> None:
+        """Count a run of *steps* tool calls, in *folder*'s count file."""
+        folder.mkdir(parents=True, exist_ok=True)
+        if self.fd is not None:
+            os.close(self.fd)
+        self.steps, self.models, self.tools = steps, 0, 0
+        self.fd = os.open(folder / COUNTS, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def model_called(self) -> None:
+        self.models += 1
+        if self.fd is not None:
+            os.write(self.fd, b"model\n")
+
+    def tool_called(self, n: int) -> str:
+        self.tools += 1
+        if self.fd is not None:
+            os.write(self.fd, b"tool\n")
+        if self.armed and n + 1 == kill_at(self.steps) and (self.folder / MARKER).exists():
+            os.kill(os.getpid(), signal.SIGKILL)
+        return RESULT
+
+
+Go = Callable[[], Awaitable[str]]
+"""One run of the agent, set up and ready: awaiting it runs the agent and gives its answer."""
+Session = Callable[[int, Path], AbstractAsyncContextManager[Go]]
+"""Sets a system up for one run of N tool calls in a folder of its own (outside the clock)."""
+
+
+async def run_each(probe: Probe, sizes: Sequence[int], mode: str,
+                   session: Session) -> dict[int, dict[str, Any]]:
+    """The run of each size, timed, after a warm-up run in ``run`` mode (imports, schema
+    building and first-call costs stay out of the clock)."""
+    if mode == "run":
+        probe.begin(WARMUP, probe.folder / "warm-up")
+        async with session(WARMUP, probe.folder / "warm-up") as go:
+            await go()
+    found: dict[int, dict[str, Any]] = {}
+    for steps in sizes:
+        probe.begin(steps, probe.folder / f"n{steps}")
+        async with session(steps, probe.folder / f"n{steps}") as go:
+            started, cpu = time.perf_counter(), time.process_time()
+            output = await go()
+            seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+        found[steps] = {"seconds": seconds, "cpu_seconds": cpu, "output": output,
+                        "models": probe.models, "tools": probe.tools}
+    return found
+
+
 @dataclass(frozen=True)
 class AgentBench:
     """One benchmark, as the parent side needs it."""
@@ -61,6 +136,9 @@ class AgentBench:
     labels: Mapping[str, str]
     lease: float
     """tether's lease in a killed child: the restarted one waits it out."""
+    peer: str = "dbos"
+    """The durable peer among *systems*, whose overhead is shown beside tether's."""
+    peer_name: str = "DBOS"
 
     def spawn(self, system: str, sizes: Sequence[int], folder: Path, mode: str
               ) -> subprocess.CompletedProcess[str]:
@@ -128,7 +206,7 @@ class AgentBench:
 
     def overhead_table(self, runs: Timed, sizes: Sequence[int], clock: str) -> str:
         """Per system: ms per tool call, and above the plain run, on *clock*; then the ratio
-        (where DBOS ran)."""
+        (where the peer ran)."""
         what = "ms" if clock == "seconds" else "CPU ms"
         head = ["system", *(f"N={n}: {what} per tool call" for n in sizes),
                 *(f"N={n}: overhead over plain, {what} per tool call" for n in sizes)]
@@ -143,9 +221,9 @@ class AgentBench:
                 over = overheads(runs, system, steps, clock)
                 cells.append("" if system == "plain" or over is None else spread(over, 3))
             rows.append(cells)
-        if "dbos" in self.systems:
-            rows.append(["**DBOS overhead / tether overhead**", *([""] * len(sizes)),
-                         *(overhead_ratio(runs, n, clock) for n in sizes)])
+        if self.peer in self.systems:
+            rows.append([f"**{self.peer_name} overhead / tether overhead**", *([""] * len(sizes)),
+                         *(overhead_ratio(runs, n, clock, self.peer) for n in sizes)])
         return table(head, rows)
 
     def kill_table(self, runs: Timed, found: Killed, sizes: Sequence[int]) -> str:
@@ -170,6 +248,35 @@ class AgentBench:
                                  str(cut["tools"])])
         return table(head, rows)
 
+    def target_table(self, runs: Timed, sizes: Sequence[int]) -> str:
+        """Issue 27's target on the CPU clock, met or not: per N the plain run's CPU ms per tool
+        call, tether's and the peer's medians above it, then whether tether's is flat across N."""
+        def median(system: str, steps: int) -> float | None:
+            found = overheads(runs, system, steps, "cpu_seconds") if system in runs else None
+            return statistics.median(found) if found else None
+
+        def cell(value: float | None) -> str:
+            return "n/a" if value is None else f"{value:+.3f}"
+
+        rows = []
+        for steps in sizes:
+            plain = runs["plain"].get(steps)
+            ours = median("tether", steps)
+            verdict = "-" if steps not in TARGET_AT or ours is None else (
+                "**met**" if ours <= TARGET_MS else f"**not met** ({ours - TARGET_MS:+.3f})")
+            rows.append([str(steps), spread([r["cpu_seconds"] * 1000 / steps for r in plain], 3)
+                         if isinstance(plain, list) and plain else "n/a",
+                         cell(ours), cell(median(self.peer, steps)), verdict])
+        ours_all = [m for m in (median("tether", n) for n in sizes) if m is not None]
+        if len(ours_all) == len(sizes) > 1:
+            moved = ours_all[-1] - ours_all[0]
+            rows.append([f"flat, N={sizes[0]} to N={sizes[-1]}", "", f"moved {moved:+.3f}", "",
+                         "**met**" if moved <= FLAT_MS else "**not met**"])
+        return table(["N", "plain: CPU ms per tool call", "tether: CPU ms overhead per tool call",
+                      f"{self.peer_name}: CPU ms overhead per tool call",
+                      f"target: tether <= {TARGET_MS:g} ms at N={' and N='.join(map(str, TARGET_AT))},"
+                      f" rising by at most {FLAT_MS:g} ms from the smallest N to the largest"], rows)
+
 
 def result_of(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -191,6 +298,17 @@ def failed(runs: Timed, found: Killed) -> bool:
     cells = [*(c for by_size in runs.values() for c in by_size.values()),
              *(c for by_size in found.values() for c in by_size.values())]
     return any(isinstance(cell, RunFailed) for cell in cells)
+
+
+def versions(names: Sequence[str]) -> str:
+    """Python's version and each package's, for the line under a benchmark's tables."""
+    found = []
+    for name in names:
+        try:
+            found.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            found.append(f"{name} not installed")
+    return f"Python {sys.version.split()[0]}, " + ", ".join(found)
 
 
 def table(head: list[str], rows: list[list[str]]) -> str:
@@ -216,10 +334,10 @@ def overheads(runs: Timed, system: str, steps: int, clock: str) -> list[float] |
     return [(m[clock] - b[clock]) * 1000 / steps for m, b in zip(mine, base, strict=True)]
 
 
-def overhead_ratio(runs: Timed, steps: int, clock: str) -> str:
-    """DBOS's median overhead over tether's, as compare.py shows a ratio."""
+def overhead_ratio(runs: Timed, steps: int, clock: str, peer: str) -> str:
+    """The peer's median overhead over tether's, as compare.py shows a ratio."""
     ours = overheads(runs, "tether", steps, clock)
-    theirs = overheads(runs, "dbos", steps, clock)
+    theirs = overheads(runs, peer, steps, clock) if peer in runs else None
     if not ours or not theirs:
         return "n/a"
     if statistics.median(ours) <= 0:
@@ -246,31 +364,3 @@ def finish(tables: str, runs: Timed, found: Killed, sizes: Sequence[int],
     sys.exit(1 if failed(runs, found) else 0)
 
 
-def target_table(runs: Timed, sizes: Sequence[int]) -> str:
-    """Issue 27's target on the CPU clock, met or not: per N the plain run's CPU ms per tool
-    call, tether's and DBOS's medians above it, then whether tether's is flat across N."""
-    def median(system: str, steps: int) -> float | None:
-        found = overheads(runs, system, steps, "cpu_seconds") if system in runs else None
-        return statistics.median(found) if found else None
-
-    def cell(value: float | None) -> str:
-        return "n/a" if value is None else f"{value:+.3f}"
-
-    rows = []
-    for steps in sizes:
-        plain = runs["plain"].get(steps)
-        ours = median("tether", steps)
-        verdict = "-" if steps not in TARGET_AT or ours is None else (
-            "**met**" if ours <= TARGET_MS else f"**not met** ({ours - TARGET_MS:+.3f})")
-        rows.append([str(steps), spread([r["cpu_seconds"] * 1000 / steps for r in plain], 3)
-                     if isinstance(plain, list) and plain else "n/a",
-                     cell(ours), cell(median("dbos", steps)), verdict])
-    ours_all = [m for m in (median("tether", n) for n in sizes) if m is not None]
-    if len(ours_all) == len(sizes) > 1:
-        moved = ours_all[-1] - ours_all[0]
-        rows.append([f"flat, N={sizes[0]} to N={sizes[-1]}", "", f"moved {moved:+.3f}", "",
-                     "**met**" if moved <= FLAT_MS else "**not met**"])
-    return table(["N", "plain: CPU ms per tool call", "tether: CPU ms overhead per tool call",
-                  "DBOS: CPU ms overhead per tool call",
-                  f"target: tether <= {TARGET_MS:g} ms at N={' and N='.join(map(str, TARGET_AT))},"
-                  f" rising by at most {FLAT_MS:g} ms from the smallest N to the largest"], rows)

@@ -53,21 +53,18 @@ import dataclasses
 import importlib.util
 import io
 import json
-import os
 import pstats
 import shutil
-import signal
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from importlib import metadata
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from agent_runs import COUNTS, MARKER, AgentBench, Killed, Timed, finish, kill_at, target_table
-from workload import ARG, RESULT
+from agent_runs import WARMUP, AgentBench, Go, Killed, Probe, Session, Timed, finish, versions
+from workload import ARG
 
 HAS_DBOS = (importlib.util.find_spec("dbos") is not None
             and importlib.util.find_spec("dbos_openai_agents") is not None)
@@ -78,8 +75,8 @@ LABELS = {
     "dbos": "DBOS DBOSRunner (dbos-openai-agents), DBOS SQLite",
 }
 PROMPT = "Work through the list."
-WARMUP = 2
-"""Tool calls of the warm-up run each timed child makes before the run it times."""
+PACKAGES = ("openai-agents", "dbos", "dbos-openai-agents", "tether")
+"""Whose versions the tables name."""
 WORKFLOW_ID = "oa-bench"
 LEASE = 1.0
 """tether's lease in the kill figure only: the restarted process waits this out (the default,
@@ -89,42 +86,6 @@ PROFILER: cProfile.Profile | None = None
 
 
 # ---------------------------------------------------------------------------- the child
-
-
-@dataclasses.dataclass
-class Probe:
-    """What the model and the tool report: calls counted in memory and, line by line, in a
-    file that outlives a SIGKILL; and the kill hook."""
-
-    folder: Path
-    """The process's folder: the kill marker, and a folder per run."""
-    armed: bool = False
-    """The kill hook fires inside tool call N/2 while the marker file exists."""
-    steps: int = WARMUP
-    models: int = 0
-    tools: int = 0
-    fd: int | None = None
-
-    def begin(self, steps: int, folder: Path) -> None:
-        """Count a run of *steps* tool calls, in *folder*'s count file."""
-        folder.mkdir(parents=True, exist_ok=True)
-        if self.fd is not None:
-            os.close(self.fd)
-        self.steps, self.models, self.tools = steps, 0, 0
-        self.fd = os.open(folder / COUNTS, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-
-    def model_called(self) -> None:
-        self.models += 1
-        if self.fd is not None:
-            os.write(self.fd, b"model\n")
-
-    def tool_called(self, n: int) -> str:
-        self.tools += 1
-        if self.fd is not None:
-            os.write(self.fd, b"tool\n")
-        if self.armed and n + 1 == kill_at(self.steps) and (self.folder / MARKER).exists():
-            os.kill(os.getpid(), signal.SIGKILL)
-        return RESULT
 
 
 def run_config() -> Any:
@@ -172,12 +133,6 @@ def build_agent(probe: Probe, system: str) -> Any:
         work = DBOS.step(name="work")(work)
     return Agent(name="bench", instructions="Work.", model=Scripted(),
                  tools=[function_tool(work)])
-
-
-Go = Callable[[], Awaitable[str]]
-"""One run of the agent, set up and ready: awaiting it runs the agent and gives its answer."""
-Session = Callable[[int, Path], AbstractAsyncContextManager[Go]]
-"""Sets a system up for one run of N tool calls in a folder of its own (outside the clock)."""
 
 
 async def run_each(probe: Any, sizes: Sequence[int], mode: str,
@@ -522,17 +477,6 @@ def _where(func: tuple[str, int, str]) -> str:
 # ---------------------------------------------------------------------------- the parent
 
 
-def versions() -> str:
-    names = ("openai-agents", "dbos", "dbos-openai-agents", "tether")
-    found = []
-    for name in names:
-        try:
-            found.append(f"{name} {metadata.version(name)}")
-        except metadata.PackageNotFoundError:
-            found.append(f"{name} not installed")
-    return f"Python {sys.version.split()[0]}, " + ", ".join(found)
-
-
 def markdown(runs: Timed, found: Killed, sizes: Sequence[int], rounds: int, seconds: float) -> str:
     dbos = (" and with DBOS's `DBOSRunner.run` (the `dbos-openai-agents` package) inside a DBOS"
             " workflow (DBOS SQLite; each model call a DBOS step, the tool a `@DBOS.step`)"
@@ -557,13 +501,13 @@ def markdown(runs: Timed, found: Killed, sizes: Sequence[int], rounds: int, seco
         " work on a shared machine, blind to waiting on the disk.", "",
         BENCH.overhead_table(runs, sizes, "cpu_seconds"), "",
         "Issue 27's target, on the CPU clock (medians of the table above):", "",
-        target_table(runs, sizes), "",
+        BENCH.target_table(runs, sizes), "",
         "Each system's process SIGKILLed inside tool call k = N/2 (after the call's work, before"
         " its result is returned), then the same program started again to finish the run; model"
         " requests and tool calls counted across both processes. The plain run can only start"
         " over.", "",
         BENCH.kill_table(runs, found, sizes), "",
-        f"{versions()}. Ran in {seconds:,.0f} s.",
+        f"{versions(PACKAGES)}. Ran in {seconds:,.0f} s.",
     ])
 
 
