@@ -170,7 +170,8 @@ def postgres_throughput(pg: str, workers: list[int], tasks: int, steps: int) -> 
 
 
 AGENT_BENCHES = {"pydantic_ai": ("pydantic_ai_durable.py", "benchmarks-pydantic-ai.md"),
-                 "openai_agents": ("openai_agents_durable.py", "benchmarks-openai-agents.md")}
+                 "openai_agents": ("openai_agents_durable.py", "benchmarks-openai-agents.md"),
+                 "langchain": ("langchain_durable.py", "benchmarks-langchain.md")}
 """The durable-agent benchmarks this run also runs: their tables are written beside the report
 (and copied into it), their tether overheads go into its targets."""
 

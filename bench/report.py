@@ -334,6 +334,8 @@ COPIED = (
      "bench/pydantic_ai_durable.py"),
     ("benchmarks-openai-agents.md", "OpenAI Agents SDK agents: tether beside DBOS's integration",
      "bench/openai_agents_durable.py"),
+    ("benchmarks-langchain.md", "LangChain agents: tether beside LangGraph's SqliteSaver",
+     "bench/langchain_durable.py"),
     ("benchmarks-limits.md", "Shared limits: how exactly they hold, seen by the provider",
      "bench/limits_accuracy.py"),
     ("benchmarks-soak.md", "Soak: 100,000 tasks through one SQLite store with retention on",
@@ -342,7 +344,8 @@ COPIED = (
 """Benchmarks with tables of their own (each needs agents or servers of its own), copied in:
 the agent benchmarks as this run wrote them, the others from their last separate run."""
 AGENT_LABELS = {"pydantic_ai": ("PydanticAIAgent", "benchmarks-pydantic-ai.md"),
-                "openai_agents": ("OpenAIAgentsAgent", "benchmarks-openai-agents.md")}
+                "openai_agents": ("OpenAIAgentsAgent", "benchmarks-openai-agents.md"),
+                "langchain": ("LangChainAgent", "benchmarks-langchain.md")}
 
 
 def copied_sections(results: dict[str, Any], ctx: Context) -> list[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 from _support import fast_settings
@@ -23,7 +23,7 @@ from langchain_core.language_models.fake_chat_models import FakeMessagesListChat
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.graph import START, StateGraph
 from pydantic import BaseModel
 
 import tether as tt
@@ -225,15 +225,20 @@ class Noted(AgentState[Any]):
     notes: list[str]
 
 
+class Counter(TypedDict):
+    count: int
+
+
 @pytest.mark.parametrize(("build", "named"), [
     (lambda: create_agent(Scripted(responses=[]), tools=[], checkpointer=InMemorySaver()),
      "checkpointer"),
     (lambda: create_agent(Scripted(responses=[]), tools=[], middleware=[Remembering()]),
      "Remembering.before_agent"),
     (lambda: create_agent(Scripted(responses=[]), tools=[], state_schema=Noted), "notes"),
-    (lambda: StateGraph(MessagesState).add_node("x", lambda s: s).add_edge(START, "x").compile(),
-     "not a graph made by langchain.agents.create_agent"),
-], ids=["checkpointer", "before_agent", "extra_state", "hand_built_graph"])
+    (lambda: StateGraph(Counter).add_node("x", lambda s: s).add_edge(START, "x").compile(),
+     "no messages"),
+    (lambda: create_agent, "not a compiled LangGraph graph"),
+], ids=["checkpointer", "before_agent", "extra_state", "no_messages", "not_a_graph"])
 def test_r26_what_tether_cannot_keep_is_refused_by_name(build: Callable[[], Any],
                                                          named: str) -> None:
     with pytest.raises(ConfigurationError, match=named):

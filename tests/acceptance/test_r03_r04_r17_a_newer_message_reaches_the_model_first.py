@@ -5,8 +5,8 @@ The model answers with two calls, ``lookup`` then ``refund``. While ``lookup`` r
 sends a P1 ``user_message``: "STOP: do NOT refund A1". The refund must not be paid: the
 engine holds the answer, sets the refund aside (answered "not run: a newer message arrived
 before it", so the provider's protocol holds), and asks the model again, whose next request
-holds the message. The same scenario runs for ``ChatAgent``, ``PydanticAIAgent`` and
-``OpenAIAgentsAgent``, each talking to ``tether.testing.fake_openai`` over HTTP with its own
+holds the message. The same scenario runs for ``ChatAgent``, ``PydanticAIAgent``,
+``OpenAIAgentsAgent`` and ``LangChainAgent``, each talking to ``tether.testing.fake_openai`` over HTTP with its own
 client; the refunds go to a list outside tether.
 """
 
@@ -109,8 +109,31 @@ def openai_agents_agent(h: tt.Harness, shop: Shop, url: str) -> None:
         tools={"lookup": tt.ToolPolicy(idempotent=True), "refund": tt.ToolPolicy(side_effect=True)}))
 
 
+def langchain_agent(h: tt.Harness, shop: Shop, url: str) -> None:
+    from langchain.agents import create_agent
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    from tether.integrations.langchain import LangChainAgent
+
+    @tool
+    async def lookup(order: str) -> dict[str, Any]:
+        """Look an order up."""
+        return await shop.lookup(order)
+
+    @tool
+    async def refund(order: str, amount: int) -> str:
+        """Refund an order."""
+        return shop.refund(order, amount)
+
+    model = ChatOpenAI(model="fake", base_url=url, api_key="none", max_retries=0)  # type: ignore[arg-type]
+    h.add_agent("support", LangChainAgent(create_agent(model, tools=[lookup, refund]), tools={
+        "lookup": tt.ToolPolicy(idempotent=True), "refund": tt.ToolPolicy(side_effect=True)}))
+
+
 ADAPTERS: dict[str, Callable[[tt.Harness, Shop, str], None]] = {
-    "chat": chat_agent, "pydantic_ai": pydantic_ai_agent, "openai_agents": openai_agents_agent}
+    "chat": chat_agent, "pydantic_ai": pydantic_ai_agent, "openai_agents": openai_agents_agent,
+    "langchain": langchain_agent}
 
 
 @pytest.fixture

@@ -27,6 +27,8 @@ own compiled graph one model turn at a time instead:
 - **The conversation lives in the task's rows**, decoded once and fed only new rows while the
   task runs here; a P1 message reaches the next model turn.
 
+A hand-built graph runs the same way when its state is its ``messages`` and its tools run in
+``ToolNode``s (``LangGraphAgent`` is the same class): tether stops it before every tool node.
 What tether cannot keep is refused when the agent is made (:func:`unmapped`), naming it.
 """
 
@@ -78,7 +80,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise MissingExtra("the LangChain integration needs langchain and langgraph",
                        "langchain") from exc
 
-__all__ = ["KEY", "LangChainAgent", "current_call", "messages_of", "unmapped"]
+__all__ = ["KEY", "LangChainAgent", "LangGraphAgent", "current_call", "messages_of", "unmapped"]
 
 KEY = "tether_idempotency_key"
 """The ``config["configurable"]`` (and ``metadata``) entry holding a tool call's key."""
@@ -97,7 +99,10 @@ whose node tether stops before); tether keeps ``messages`` (its rows)."""
 
 
 class LangChainAgent(ModelAgent):
-    """A compiled ``create_agent`` graph as a tether agent (see the module docstring).
+    """A compiled LangGraph agent as a tether agent (see the module docstring): one made by
+    ``create_agent``, or a hand-built graph whose state is its ``messages`` and whose tools
+    run in ``ToolNode``s (the ReAct shape). Each model turn enters the graph at ``START``
+    with the whole conversation, so ``START`` must lead to the model.
     *context* is the run's ``context`` (the agent's ``context_schema``), given to middleware
     and to tools through ``ToolRuntime``; *config* is merged into every run's config (tags,
     callbacks, ``configurable``); *approval_timeout* bounds a wait for a person (None: none)."""
@@ -115,9 +120,8 @@ class LangChainAgent(ModelAgent):
             raise ConfigurationError("tether cannot run this LangChain agent durably: "
                                      + "; ".join(problems))
         self.graph = agent
-        self.tool_node: ToolNode | None = _tool_node(agent)
-        self.tools: dict[str, BaseTool] = dict(self.tool_node.tools_by_name) \
-            if self.tool_node is not None else {}
+        self.tool_nodes = _tool_nodes(agent)
+        self.tools, self.owners = _tools(self.tool_nodes)
         self.approvals, self.stops = _approvals(agent)
         self.context = context
         self.config = dict(config or {})
@@ -202,7 +206,7 @@ class LangChainAgent(ModelAgent):
                 config["callbacks"] = [*_callbacks(config), _Partial(partial)]
             return await _run_to_tools(self.graph.astream(
                 {"messages": list(history)}, config, context=self.context,
-                interrupt_before=["tools", *self.stops], stream_mode=modes))
+                interrupt_before=[*self.tool_nodes, *self.stops], stream_mode=modes))
 
         return await self.request(once, f"agent {self.name}", lambda: "".join(partial))
 
@@ -219,13 +223,16 @@ class LangChainAgent(ModelAgent):
                         args: Mapping[str, Any]) -> dict[str, Any]:
         """Run one call through the agent's ``ToolNode`` (its ``wrap_tool_call`` middleware
         and ``ToolRuntime`` injection); returns the ``ToolMessage`` as plain data."""
-        assert self.tool_node is not None, "a call is planned only for a tool the agent has"
         call = {"name": name, "args": dict(args), "id": call_id, "type": "tool_call"}
         with running(ctx):
-            output = await self.tool_node.ainvoke(
+            output = await self.tool_nodes[self.owners[name]].ainvoke(
                 {"__type": "tool_call_with_context", "tool_call": call, "state": {"messages": []}},
                 self._config(ctx.idempotency_key), runtime=Runtime(context=self.context))
         return _only_message(output, name, call_id)
+
+
+LangGraphAgent = LangChainAgent
+"""The same adapter, by the name a hand-built graph's author looks for."""
 
 
 # ---------------------------------------------------------------------------- the graph
@@ -233,10 +240,12 @@ class LangChainAgent(ModelAgent):
 
 def unmapped(agent: Any) -> Iterator[str]:
     """What tether cannot keep of *agent*, each named (an empty iterator: it runs as is)."""
-    if not isinstance(agent, CompiledStateGraph) or "model" not in agent.nodes:
-        yield (f"{type(agent).__name__} is not a graph made by langchain.agents.create_agent"
-               " (hand-built LangGraph graphs are not mapped yet)")
+    if not isinstance(agent, CompiledStateGraph):
+        yield (f"{type(agent).__name__} is not a compiled LangGraph graph (make it with"
+               " langchain.agents.create_agent, or compile a StateGraph)")
         return
+    if "messages" not in agent.channels:
+        yield "its state has no messages: tether runs graphs whose state is a conversation"
     if agent.checkpointer not in (None, False):
         yield ("it has a checkpointer: tether keeps the conversation and the resume points;"
                " build it with create_agent(...) without checkpointer=")
@@ -251,10 +260,25 @@ def unmapped(agent: Any) -> Iterator[str]:
                    " per model turn")
 
 
-def _tool_node(agent: CompiledStateGraph[Any, Any, Any, Any]) -> ToolNode | None:
-    node = agent.nodes.get("tools")
-    bound = getattr(node, "bound", None)
-    return bound if isinstance(bound, ToolNode) else None
+def _tool_nodes(agent: CompiledStateGraph[Any, Any, Any, Any]) -> dict[str, ToolNode]:
+    """The graph's ``ToolNode``s by node name: tether stops the graph before them and runs
+    their calls itself, one tether call each."""
+    bound = {name: getattr(node, "bound", None) for name, node in agent.nodes.items()}
+    return {name: node for name, node in bound.items() if isinstance(node, ToolNode)}
+
+
+def _tools(nodes: Mapping[str, ToolNode]) -> tuple[dict[str, BaseTool], dict[str, str]]:
+    """Every tool of the graph's tool nodes by name, and the node that runs it."""
+    tools: dict[str, BaseTool] = {}
+    owners: dict[str, str] = {}
+    for node, tool_node in nodes.items():
+        for name, tool in tool_node.tools_by_name.items():
+            if tools.setdefault(name, tool) is not tool:
+                raise ConfigurationError(f"tool nodes {owners[name]!r} and {node!r} have"
+                                         f" different tools named {name!r}; tether registers"
+                                         " one tool per name, so rename one")
+            owners[name] = node
+    return tools, owners
 
 
 def _approvals(agent: CompiledStateGraph[Any, Any, Any, Any]) -> tuple[frozenset[str], list[str]]:

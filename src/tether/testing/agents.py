@@ -24,11 +24,19 @@ subclass the suites in your tests and give them a ``case`` fixture::
 The model is :class:`tether.testing.fake_openai.FakeOpenAI`, a real HTTP server of the chat
 completions API, so a case wires its framework's own OpenAI client to it (best
 :meth:`Endpoint.openai_client`: the P0 test watches that client's wire to know streamed text
-arrived). tether's own cases are :data:`CHAT`, :data:`PYDANTIC_AI`, :data:`OPENAI_AGENTS` and
-:data:`LANGCHAIN` (:data:`TETHER_CASES`).
+arrived). tether's own cases are :data:`CHAT`, :data:`PYDANTIC_AI`, :data:`OPENAI_AGENTS`,
+:data:`LANGCHAIN` (a ``create_agent`` agent) and :data:`LANGGRAPH` (a hand-built graph)
+(:data:`TETHER_CASES`).
 """
 
-from tether.testing.agents_cases import CHAT, LANGCHAIN, OPENAI_AGENTS, PYDANTIC_AI, TETHER_CASES
+from tether.testing.agents_cases import (
+    CHAT,
+    LANGCHAIN,
+    LANGGRAPH,
+    OPENAI_AGENTS,
+    PYDANTIC_AI,
+    TETHER_CASES,
+)
 from tether.testing.agents_kills import KILL_POINTS, AgentKillConformance, KillPoint, KillRun
 from tether.testing.agents_suite import AgentConformance
 from tether.testing.agents_world import (
@@ -42,6 +50,7 @@ from tether.testing.agents_world import (
     Wire,
 )
 
-__all__ = ["AGENT", "CHAT", "KILL_POINTS", "LANGCHAIN", "OPENAI_AGENTS", "PROPERTIES", "PYDANTIC_AI",
-           "TETHER_CASES", "AdapterCase", "AgentConformance", "AgentKillConformance", "Build",
-           "Endpoint", "KillPoint", "KillRun", "Ledger", "Shop", "Wire"]
+__all__ = ["AGENT", "CHAT", "KILL_POINTS", "LANGCHAIN", "LANGGRAPH", "OPENAI_AGENTS", "PROPERTIES",
+           "PYDANTIC_AI", "TETHER_CASES", "AdapterCase", "AgentConformance",
+           "AgentKillConformance", "Build", "Endpoint", "KillPoint", "KillRun", "Ledger", "Shop",
+           "Wire"]

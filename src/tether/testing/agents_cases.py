@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from pydantic_ai.messages import ModelMessage, ModelResponse
     from pydantic_ai.models.function import AgentInfo
 
-__all__ = ["CHAT", "LANGCHAIN", "OPENAI_AGENTS", "PYDANTIC_AI", "TETHER_CASES"]
+__all__ = ["CHAT", "LANGCHAIN", "LANGGRAPH", "OPENAI_AGENTS", "PYDANTIC_AI", "TETHER_CASES"]
 
 
 # ---------------------------------------------------------------------------- ChatAgent
@@ -183,5 +183,52 @@ LANGCHAIN = AdapterCase(
     "langchain", build_langchain,
     preload=("tether.integrations.langchain", "langchain_openai", "langchain.agents"))
 
-TETHER_CASES = (CHAT, PYDANTIC_AI, OPENAI_AGENTS, LANGCHAIN)
+def build_langgraph(h: tt.Harness, shop: Shop, endpoint: Endpoint) -> None:
+    """A hand-built LangGraph ReAct graph, as LangGraph's tutorials write it: a node asking
+    ``ChatOpenAI.bind_tools``, a ``ToolNode`` and ``tools_condition`` between them."""
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+    from langgraph.graph import START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode, tools_condition
+
+    from tether.integrations.langchain import LangGraphAgent, current_call
+
+    @tool
+    async def lookup(order: str) -> dict[str, Any]:
+        """Look an order up."""
+        return await shop.lookup(current_call(), order)
+
+    @tool
+    async def refund(order: str, amount: int) -> str:
+        """Refund an order."""
+        return await shop.refund(current_call(), order, amount)
+
+    model = ChatOpenAI(model="fake-model", base_url=endpoint.url, api_key="none",  # type: ignore[arg-type]
+                       max_retries=0, http_async_client=endpoint.http_client(),
+                       disable_streaming=not endpoint.can_stream,
+                       stream_usage=True).bind_tools([lookup, refund])
+
+    async def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("agent", agent)
+    graph.add_node("tools", ToolNode([lookup, refund]))
+    graph.add_edge(START, "agent")
+    graph.add_conditional_edges("agent", tools_condition)
+    graph.add_edge("tools", "agent")
+    h.add_agent(AGENT, LangGraphAgent(graph.compile(), tools={
+        "lookup": tt.ToolPolicy(idempotent=True),
+        "refund": tt.ToolPolicy(side_effect=True,
+                                reconcile=shop.find_refund if shop.reconcile else None)}))
+
+
+LANGGRAPH = AdapterCase(
+    "langgraph", build_langgraph,
+    preload=("tether.integrations.langchain", "langchain_openai", "langgraph.prebuilt"),
+    not_applicable={"approvals": "a hand-built graph asks a person through LangGraph's"
+                                 " interrupt(), which needs a checkpointer; tether maps"
+                                 " create_agent's HumanInTheLoopMiddleware (the langchain case)"})
+
+TETHER_CASES = (CHAT, PYDANTIC_AI, OPENAI_AGENTS, LANGCHAIN, LANGGRAPH)
 """Every model adapter tether ships, for ``pytest.mark.parametrize``."""

@@ -1,0 +1,257 @@
+"""One LangChain agent made durable two ways: by tether, and by LangGraph's own checkpointer.
+
+The same shape as ``pydantic_ai_durable.py``, for LangChain v1: the agent is the same
+``create_agent`` graph in every run, and only what makes it durable changes:
+
+* **plain**: ``agent.ainvoke(...)``, no checkpointer: the baseline every overhead is taken
+  from;
+* **tether**: the agent under :class:`tether.integrations.langchain.LangChainAgent`, on the
+  embedded SQLite store with default settings (the tool marked ``idempotent``);
+* **langgraph**: the agent compiled with LangGraph's ``AsyncSqliteSaver`` on a SQLite file and
+  run with ``durability="sync"`` (each super-step durable before the next starts, as tether's
+  resume point is), one thread per run.
+
+The agent: a deterministic chat model (langchain-core's ``BaseChatModel``, no server) that asks
+for the tool until the conversation holds N tool results, then answers ``done N``; one
+idempotent tool with a ~200-byte argument and a ~500-byte result that does no work. Any time
+above the plain run is the durable runner's own cost. The figures, as in the other agent
+benchmarks: overhead per tool call over the plain run (wall and CPU clocks, rounds
+interleaved), and model requests and tool calls after a SIGKILL inside tool call N/2 and a
+restart (tether's recovery; LangGraph resumed with ``ainvoke(None, config)`` on the same
+thread; the plain run can only start over).
+
+    .bench-venv/bin/python bench/langchain_durable.py [--steps 10,100,300] [--rounds 3]
+
+prints markdown tables and exits 0 (1 if a run failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from agent_runs import AgentBench, Go, Killed, Probe, Timed, finish, run_each, versions
+from workload import ARG
+
+SYSTEMS = ("plain", "tether", "langgraph")
+LABELS = {
+    "plain": "LangChain create_agent, no durability",
+    "tether": "tether LangChainAgent, SQLite (default)",
+    "langgraph": "LangGraph AsyncSqliteSaver, durability=sync",
+}
+PROMPT = "Work through the list."
+PACKAGES = ("langchain", "langgraph", "langgraph-checkpoint-sqlite", "tether")
+"""Whose versions the tables name."""
+LEASE = 1.0
+"""tether's lease in the kill figure only: the restarted process waits this out."""
+
+
+# ---------------------------------------------------------------------------- the child
+
+
+def build_agent(probe: Probe, checkpointer: Any = None) -> Any:
+    """The agent every system runs; only ``langgraph`` gives it a checkpointer."""
+    from langchain.agents import create_agent
+    from langchain_core.language_models.chat_models import BaseChatModel
+    from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+    from langchain_core.outputs import ChatGeneration, ChatResult
+    from langchain_core.tools import tool
+
+    class Worker(BaseChatModel):
+        """Asks for the next tool call until there are N tool results, then answers."""
+
+        @property
+        def _llm_type(self) -> str:
+            return "bench"
+
+        def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Any:
+            return self
+
+        def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any
+                      ) -> ChatResult:
+            probe.model_called()
+            done = sum(isinstance(m, ToolMessage) for m in messages)
+            answer = AIMessage(f"done {done}") if done >= probe.steps else AIMessage(
+                "", tool_calls=[{"name": "work", "args": {"payload": ARG, "n": done},
+                                 "id": f"call_{done}"}])
+            return ChatResult(generations=[ChatGeneration(message=answer)])
+
+    @tool
+    async def work(payload: str, n: int) -> str:
+        """One step of the agent's work (trivial, idempotent)."""
+        return probe.tool_called(n)
+
+    return create_agent(Worker(), tools=[work], checkpointer=checkpointer)
+
+
+def limits() -> dict[str, Any]:
+    """LangGraph stops a run at 25 super-steps by default; N=300 needs about 600."""
+    return {"recursion_limit": 10_000}
+
+
+async def run_plain(probe: Probe, sizes: Sequence[int], mode: str) -> dict[int, dict[str, Any]]:
+    agent = build_agent(probe)
+
+    async def go() -> str:
+        state = await agent.ainvoke({"messages": [("user", PROMPT)]}, limits())
+        return str(state["messages"][-1].text)
+
+    @asynccontextmanager
+    async def session(steps: int, folder: Path) -> AsyncIterator[Go]:
+        yield go
+
+    return await run_each(probe, sizes, mode, session)
+
+
+async def run_tether(probe: Probe, sizes: Sequence[int], mode: str
+                     ) -> dict[int, dict[str, Any]]:
+    """A harness of its own per run, default settings (a short lease where a process is
+    killed); the clock runs from submit until the task's result is read."""
+    import tether as tt
+    from tether.integrations.langchain import LangChainAgent
+
+    @asynccontextmanager
+    async def session(steps: int, folder: Path) -> AsyncIterator[Go]:
+        settings = tt.Settings()
+        if mode != "run":
+            settings = dataclasses.replace(settings, lease_seconds=LEASE)
+        if steps + 1 > settings.max_completions:
+            settings = dataclasses.replace(settings, max_completions=steps + 1)
+        harness = tt.Harness(f"sqlite:///{folder / 'tether.db'}", settings=settings)
+        harness.add_agent("bench", LangChainAgent(
+            build_agent(probe), tools={"work": tt.ToolPolicy(idempotent=True)}))
+
+        async def go() -> str:
+            if mode == "resume":
+                task = (folder / "task").read_text()
+            else:
+                task = await harness.submit("bench", PROMPT)
+                (folder / "task").write_text(task)
+            await harness.run_until_idle(concurrency=1)
+            info = await harness.get(task)
+            if info.record.status is not tt.Status.COMPLETED:
+                raise RuntimeError(f"tether task ended {info.record.status}: {info.record.reason}")
+            return str(info.snapshot.result)
+
+        async with harness:
+            assert harness.store is not None  # opened outside the clock, as the saver is
+            yield go
+
+    return await run_each(probe, sizes, mode, session)
+
+
+async def run_langgraph(probe: Probe, sizes: Sequence[int], mode: str
+                        ) -> dict[int, dict[str, Any]]:
+    """A saver of its own per run (its file and tables made outside the clock); *mode*
+    ``resume`` continues the thread the killed process left."""
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+    @asynccontextmanager
+    async def session(steps: int, folder: Path) -> AsyncIterator[Go]:
+        async with AsyncSqliteSaver.from_conn_string(str(folder / "langgraph.sqlite")) as saver:
+            await saver.setup()
+            agent = build_agent(probe, saver)
+            config = {"configurable": {"thread_id": "bench"}, **limits()}
+
+            async def go() -> str:
+                given = None if mode == "resume" else {"messages": [("user", PROMPT)]}
+                state = await agent.ainvoke(given, config, durability="sync")
+                return str(state["messages"][-1].text)
+
+            yield go
+
+    return await run_each(probe, sizes, mode, session)
+
+
+RUNNERS = {"plain": run_plain, "tether": run_tether, "langgraph": run_langgraph}
+BENCH = AgentBench(Path(__file__).resolve(), SYSTEMS, LABELS, LEASE, peer="langgraph",
+                   peer_name="LangGraph SqliteSaver")
+
+
+def child(system: str, sizes: Sequence[int], folder: Path, mode: str) -> None:
+    """Run *system* at each size in turn and print one JSON line (see pydantic_ai_durable)."""
+    import json
+
+    probe = Probe(folder, armed=mode == "cold")
+    found = asyncio.run(RUNNERS[system](probe, sizes, mode))
+    for steps, run in found.items():
+        if run["output"] != f"done {steps}":
+            sys.exit(f"{system}: the run answered {run['output']!r}, expected 'done {steps}'")
+    print(json.dumps({str(steps): run for steps, run in found.items()}))
+
+
+# ---------------------------------------------------------------------------- the parent
+
+
+def markdown(runs: Timed, found: Killed, sizes: Sequence[int], rounds: int, seconds: float) -> str:
+    return "\n".join([
+        "### LangChain agents: tether against LangGraph's SqliteSaver", "",
+        "One LangChain `create_agent` agent (a deterministic chat model asking for one"
+        " idempotent, trivial tool N times, then answering), run plain, under tether's"
+        " `LangChainAgent` (SQLite store, default settings) and compiled with LangGraph's"
+        " `AsyncSqliteSaver` (`durability=\"sync\"`). Whole run after a warm-up run, divided by"
+        " N; overhead is that minus the plain run of the same round. Median of"
+        f" {rounds} interleaved round{'s' if rounds != 1 else ''} (with more than one, their"
+        " range in brackets); each system's round its own process, running each N in turn in a"
+        " fresh store (`bench/langchain_durable.py`).", "",
+        BENCH.overhead_table(runs, sizes, "seconds"), "",
+        "The same runs on the CPU clock (every thread of the process).", "",
+        BENCH.overhead_table(runs, sizes, "cpu_seconds"), "",
+        "Issue 28's target (as issue 27's), on the CPU clock:", "",
+        BENCH.target_table(runs, sizes), "",
+        "Each system's process SIGKILLed inside tool call k = N/2, then the same program started"
+        " again to finish the run; model requests and tool calls counted across both"
+        " processes. The plain run can only start over.", "",
+        BENCH.kill_table(runs, found, sizes), "",
+        f"{versions(PACKAGES)}. Ran in {seconds:,.0f} s.",
+    ])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", default="10,100,300", help="tool calls per run, comma-separated")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="also write the tables there (docs/benchmarks-langchain.md, which"
+                             " compare.py copies into docs/benchmarks.md)")
+    parser.add_argument("--work", type=Path, default=None, help="folder for the runs' stores")
+    parser.add_argument("--child", nargs=3, metavar=("SYSTEM", "STEPS", "FOLDER"),
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=("run", "cold", "resume"), default="run",
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        system, sizes, folder = args.child
+        if system not in SYSTEMS:
+            parser.error(f"no system {system}")
+        child(system, [int(n) for n in sizes.split(",")], Path(folder), args.mode)
+        return
+    sizes = [int(n) for n in args.steps.split(",")]
+    if min(sizes) < 2 or args.rounds < 1:
+        parser.error("--steps must be at least 2 and --rounds at least 1")
+    started = time.perf_counter()
+    work = Path(tempfile.mkdtemp(prefix="lc-bench-", dir=args.work))
+
+    def say(line: str) -> None:
+        print(f"[{time.perf_counter() - started:6.1f}s] {line}", file=sys.stderr, flush=True)
+
+    try:
+        runs = BENCH.timed(sizes, args.rounds, work, say)
+        found = BENCH.kills(sizes, work, say)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    finish(markdown(runs, found, sizes, args.rounds, time.perf_counter() - started), runs,
+           found, sizes, args.out)
+
+
+if __name__ == "__main__":
+    main()
