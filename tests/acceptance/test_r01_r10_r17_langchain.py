@@ -17,7 +17,12 @@ from typing import Any, TypedDict
 import pytest
 from _support import fast_settings
 from langchain.agents import create_agent
-from langchain.agents.middleware import AgentMiddleware, AgentState, wrap_tool_call
+from langchain.agents.middleware import (
+    AgentMiddleware,
+    AgentState,
+    HumanInTheLoopMiddleware,
+    wrap_tool_call,
+)
 from langchain.tools import ToolRuntime
 from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
@@ -53,7 +58,7 @@ def calls(*made: tuple[str, dict[str, Any]], text: str = "") -> AIMessage:
 
 class Shop:
     def __init__(self) -> None:
-        self.refunds: list[tuple[str, str]] = []
+        self.refunds: list[tuple[str, str, int]] = []
         self.lookups = 0
 
 
@@ -63,7 +68,7 @@ def shop_tools(shop: Shop) -> list[Any]:
         """Refund an order."""
         key = runtime.config["configurable"][KEY]
         assert key == current_call().idempotency_key
-        shop.refunds.append((key, order))
+        shop.refunds.append((key, order, amount))
         return f"refunded {amount} on {order}"
 
     @tool
@@ -257,4 +262,38 @@ async def test_r17_a_list_of_langchain_messages_is_a_valid_input(tmp_path: Path)
     info = await finished(h, task)
     assert info.snapshot.result == "Hello again."
     assert [m.content for m in SEEN[0]] == ["hi", "hello", "again"]
+    await h.close()
+
+
+@pytest.mark.parametrize(("allowed", "answer", "paid", "told"), [
+    (["approve", "edit", "reject"], True, [50], "refunded 50 on A1"),
+    (["approve", "edit", "reject"], {"approved": True, "args": {"order": "A1", "amount": 5}},
+     [5], "refunded 5 on A1"),
+    (["approve", "edit", "reject"], {"approved": False, "reason": "too much"}, [], "too much"),
+    (["approve", "reject"], {"approved": True, "args": {"order": "A1", "amount": 5}}, [],
+     "editing refund calls is not allowed"),
+    (["approve", "edit", "reject"], {"approved": True, "args": "amount=5"}, [],
+     "not a JSON object"),
+], ids=["approved", "edited", "rejected", "edit_not_allowed", "edit_not_an_object"])
+async def test_r26_a_person_approves_edits_or_rejects_what_the_middleware_names(
+        tmp_path: Path, allowed: list[str], answer: Any, paid: list[int], told: str) -> None:
+    """``HumanInTheLoopMiddleware`` becomes a tether wait before the call it names; the
+    person's answer (an ``approval`` event) runs the call, runs it with edited arguments
+    (where the middleware allows edits), or answers the model with the reason; the model
+    sees what happened. The call never runs before the answer."""
+    SEEN.clear()
+    shop = Shop()
+    model = Scripted(responses=[calls(("refund", {"order": "A1", "amount": 50})),
+                                AIMessage("done")])
+    hitl = HumanInTheLoopMiddleware(interrupt_on={"refund": {"allowed_decisions": allowed}})
+    h = harness(tmp_path, create_agent(model, tools=shop_tools(shop), middleware=[hitl]))
+    task = await h.submit("support", "Refund A1")
+    waiting = await finished(h, task)
+    assert waiting.record.status is tt.Status.WAITING and not shop.refunds
+    await h.emit(tt.Event("approval", task, answer))
+    info = await finished(h, task)
+    assert info.record.status is tt.Status.COMPLETED, info.record.reason
+    assert [amount for _, _, amount in shop.refunds] == paid
+    result = next(m for m in SEEN[-1] if isinstance(m, ToolMessage))
+    assert told in str(result.content), result
     await h.close()

@@ -142,8 +142,9 @@ def approval_wait(timeout: float | None) -> Wait:
 
 def with_approval(action: Action, task: TaskView) -> Action:
     """A call that waited for approval, carrying the answer: the payload of the ``approval``
-    event that ended the wait (``true``/``false``, or ``{"approved": ..., "reason": ...}``);
-    a wait that timed out is a denial."""
+    event that ended the wait (``true``/``false``, or ``{"approved": ..., "reason": ...}``,
+    with ``"args": {...}`` for a person who edited the call's arguments, for adapters whose
+    framework lets a person edit); a wait that timed out is a denial."""
     if not isinstance(action, ToolCall) or action.args.get("approval") != PENDING:
         return action
     event = dict(task.last_event or {})
@@ -152,6 +153,8 @@ def with_approval(action: Action, task: TaskView) -> Action:
         decision = {"approved": False, "reason": "No one approved the call in time."}
     elif isinstance(payload, dict):
         decision = {"approved": bool(payload.get("approved")), "reason": payload.get("reason")}
+        if "args" in payload:
+            decision["args"] = payload["args"]
     else:
         decision = {"approved": payload is True, "reason": None}
     return ToolCall(action.name, {**action.args, "approval": decision})

@@ -22,8 +22,9 @@ own compiled graph one model turn at a time instead:
   hook(ctx, call_id, args)``; it returns ``None`` (it never happened), the tool's value, or a
   ``ToolMessage`` for the call.
 - **Human in the loop**: ``HumanInTheLoopMiddleware(interrupt_on=...)`` becomes a tether wait
-  before each call it names, answered by an ``approval`` event (approve or reject) from the
-  console, the CLI, the API or a webhook, and kept across restarts.
+  before each call it names, answered by an ``approval`` event (approve, edit with
+  ``"args"``, or reject, as the middleware allows) from the console, the CLI, the API or a
+  webhook, and kept across restarts.
 - **The conversation lives in the task's rows**, decoded once and fed only new rows while the
   task runs here; a P1 message reaches the next model turn.
 
@@ -144,9 +145,11 @@ class LangChainAgent(ModelAgent):
     def _tool(self, name: str) -> Tool:
         async def run(ctx: ToolContext, call_id: str, args: dict[str, Any],
                       approval: dict[str, Any] | None = None) -> dict[str, Any]:
-            if approval is not None and not approval.get("approved"):
-                return _tool_message(call_id, name, approval.get("reason") or DENIED,
-                                     status="error")
+            if approval is not None:
+                refused = self._refused(name, approval)
+                if refused is not None:
+                    return _tool_message(call_id, name, refused, status="error")
+                args = approval.get("args", args)
             return await self._run_tool(ctx, name, call_id, args)
 
         run.__doc__ = f"LangChain tool {name}, run through tether."
@@ -155,6 +158,21 @@ class LangChainAgent(ModelAgent):
         if name in self.reconcilers:
             tool.reconcile(self.reconcilers[name])
         return tool
+
+    def _refused(self, name: str, approval: Mapping[str, Any]) -> str | None:
+        """Why a person's answer does not let the call run (None: it runs, with the edited
+        arguments if they edited it, and the middleware allows edits of this tool)."""
+        allowed = self.approvals.get(name, frozenset())
+        if not approval.get("approved"):
+            return str(approval.get("reason") or DENIED)
+        if "args" not in approval:
+            return None if "approve" in allowed else \
+                f"The call was not run: {name} calls may not be approved as they are."
+        if "edit" not in allowed:
+            return f"The call was not run: editing {name} calls is not allowed."
+        if not isinstance(approval["args"], dict):
+            return "The call was not run: the edited arguments were not a JSON object."
+        return None
 
     # ------------------------------------------------------------------ planning
 
@@ -281,17 +299,21 @@ def _tools(nodes: Mapping[str, ToolNode]) -> tuple[dict[str, BaseTool], dict[str
     return tools, owners
 
 
-def _approvals(agent: CompiledStateGraph[Any, Any, Any, Any]) -> tuple[frozenset[str], list[str]]:
+def _approvals(agent: CompiledStateGraph[Any, Any, Any, Any]
+               ) -> tuple[dict[str, frozenset[str]], list[str]]:
     """The tools the agent's human-in-the-loop middleware names (each call waits for a
-    person), and that middleware's nodes, which the graph is stopped before (tether waits
-    instead of LangGraph's ``interrupt``)."""
-    names: set[str] = set()
+    person) with the decisions it allows, and that middleware's nodes, which the graph is
+    stopped before (tether waits instead of LangGraph's ``interrupt``)."""
+    allowed: dict[str, frozenset[str]] = {}
     stops: list[str] = []
     for middleware in _middleware(agent):
         if isinstance(middleware, HumanInTheLoopMiddleware):
-            names |= {n for n, on in middleware.interrupt_on.items() if on}
+            for name, on in middleware.interrupt_on.items():
+                if on:
+                    decisions = on.get("allowed_decisions") if isinstance(on, Mapping) else None
+                    allowed[name] = frozenset(decisions or ("approve", "edit", "reject"))
             stops += [n for n in agent.nodes if n.startswith(f"{middleware.name}.")]
-    return frozenset(names), stops
+    return allowed, stops
 
 
 def _middleware(agent: CompiledStateGraph[Any, Any, Any, Any]) -> Iterator[Any]:
