@@ -565,7 +565,10 @@ def _opening(value: Any) -> list[BaseMessage]:
     human message."""
     if isinstance(value, list) and value and all(isinstance(m, Mapping) and "type" in m
                                                  and "data" in m for m in value):
-        return messages_from_dict(value)
+        messages = messages_from_dict(value)
+        for n, message in enumerate(messages):  # a turn's new messages are told by their ids
+            message.id = message.id or f"tether-input-{n}"
+        return messages
     return [HumanMessage(_text(value), id="tether-input")]
 
 
