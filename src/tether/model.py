@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import math
 import re
 import time
@@ -180,12 +181,26 @@ def _depth(value: Any) -> int:
 
 
 def _has_non_finite(value: Any) -> bool:
+    """Whether *value* (which orjson encoded) holds NaN or an infinity. The standard library's
+    C encoder finds one in a pass (its only ValueError once orjson took the value: no cycle
+    gets that far); data it cannot encode (what orjson encodes natively: datetimes, UUIDs,
+    dataclasses) is walked in Python."""
+    try:
+        json.dumps(value, allow_nan=False, check_circular=False)
+    except ValueError:
+        return True
+    except TypeError:
+        return _walk_non_finite(value)
+    return False
+
+
+def _walk_non_finite(value: Any) -> bool:
     if isinstance(value, float):
         return not math.isfinite(value)
     if isinstance(value, dict):
-        return any(_has_non_finite(item) for item in value.values())
+        return any(_walk_non_finite(item) for item in value.values())
     if isinstance(value, list | tuple):
-        return any(_has_non_finite(item) for item in value)
+        return any(_walk_non_finite(item) for item in value)
     return False
 
 
