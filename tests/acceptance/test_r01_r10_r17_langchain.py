@@ -297,3 +297,20 @@ async def test_r26_a_person_approves_edits_or_rejects_what_the_middleware_names(
     result = next(m for m in SEEN[-1] if isinstance(m, ToolMessage))
     assert told in str(result.content), result
     await h.close()
+
+
+async def test_r22_a_graph_that_asks_no_model_goes_to_a_person_naming_why(tmp_path: Path) -> None:
+    """A graph whose run adds no model answer is not run again and again: the plan fails
+    saying so, and bounded recovery hands the task to a person with that reason."""
+    from langgraph.graph import MessagesState
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("echo", lambda state: {"messages": [HumanMessage("echo")]})
+    graph.add_edge(START, "echo")
+    h = harness(tmp_path, graph.compile(), tools={})
+    task = await h.submit("support", "hello")
+    info = await finished(h, task)
+    assert info.record.status is tt.Status.NEEDS_HUMAN
+    assert "added no model answer" in (info.record.reason or "")
+    assert info.snapshot.usage.get("completions", 0) == 0  # no model was asked: none paid
+    await h.close()

@@ -184,6 +184,10 @@ class LangChainAgent(ModelAgent):
             state, seconds = await self._turn(history)
             new = _added(history, state.get("messages") or [])
             answer = next((m for m in reversed(new) if isinstance(m, AIMessage)), None)
+            if answer is None and state.get("structured_response") is None:
+                raise ModelError(f"agent {self.name}: a run of its graph added no model answer"
+                                 f" (it added {len(new)} other messages); tether runs graphs"
+                                 " in which a node asks the model")
             extra = _unusable_calls(answer, self.tools, new)
             _record(task, answer, new, extra, seconds)
             if state.get("structured_response") is not None:  # the model node ended the run
