@@ -6,8 +6,8 @@ sends a P1 ``user_message``: "STOP: do NOT refund A1". The refund must not be pa
 engine holds the answer, sets the refund aside (answered "not run: a newer message arrived
 before it", so the provider's protocol holds), and asks the model again, whose next request
 holds the message. The same scenario runs for ``ChatAgent``, ``PydanticAIAgent``,
-``OpenAIAgentsAgent`` and ``LangChainAgent``, each talking to ``tether.testing.fake_openai`` over HTTP with its own
-client; the refunds go to a list outside tether.
+``OpenAIAgentsAgent`` and ``LangChainAgent``, each talking to ``tether.testing.fake_openai``
+over HTTP with its own client; the refunds go to a list outside tether.
 """
 
 from __future__ import annotations
