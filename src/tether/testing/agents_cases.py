@@ -146,16 +146,14 @@ OPENAI_AGENTS = AdapterCase(
 # ---------------------------------------------------------------------------- LangChain
 
 
-def build_langchain(h: tt.Harness, shop: Shop, endpoint: Endpoint) -> None:
-    """A ``create_agent`` agent on ``langchain-openai``'s ``ChatOpenAI``; when the model cannot
-    stream, the same model with ``disable_streaming=True`` (LangChain's own switch); approvals
-    through LangChain's ``HumanInTheLoopMiddleware``."""
-    from langchain.agents import create_agent
-    from langchain.agents.middleware import AgentMiddleware, HumanInTheLoopMiddleware
+def _langchain_shop(shop: Shop, endpoint: Endpoint) -> tuple[list[Any], Any]:
+    """The shop's two tools as LangChain tools, and ``langchain-openai``'s ``ChatOpenAI`` on
+    the endpoint; when the model cannot stream, ``disable_streaming=True`` (LangChain's own
+    switch)."""
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
 
-    from tether.integrations.langchain import LangChainAgent, current_call
+    from tether.integrations.langchain import current_call
 
     @tool
     async def lookup(order: str) -> dict[str, Any]:
@@ -170,57 +168,55 @@ def build_langchain(h: tt.Harness, shop: Shop, endpoint: Endpoint) -> None:
     model = ChatOpenAI(model="fake-model", base_url=endpoint.url, api_key="none",  # type: ignore[arg-type]
                        max_retries=0, http_async_client=endpoint.http_client(),
                        disable_streaming=not endpoint.can_stream, stream_usage=True)
+    return [lookup, refund], model
+
+
+def _langchain_policies(shop: Shop) -> dict[str, tt.ToolPolicy]:
+    return {"lookup": tt.ToolPolicy(idempotent=True),
+            "refund": tt.ToolPolicy(side_effect=True,
+                                    reconcile=shop.find_refund if shop.reconcile else None)}
+
+
+def build_langchain(h: tt.Harness, shop: Shop, endpoint: Endpoint) -> None:
+    """A ``create_agent`` agent; approvals through LangChain's ``HumanInTheLoopMiddleware``."""
+    from langchain.agents import create_agent
+    from langchain.agents.middleware import AgentMiddleware, HumanInTheLoopMiddleware
+
+    from tether.integrations.langchain import LangChainAgent
+
+    tools, model = _langchain_shop(shop, endpoint)
     middleware: list[AgentMiddleware[Any, Any]] = [
         HumanInTheLoopMiddleware(interrupt_on={"refund": True})] if shop.needs_approval else []
-    agent = create_agent(model, tools=[lookup, refund], middleware=middleware, name=AGENT)
-    h.add_agent(AGENT, LangChainAgent(agent, tools={
-        "lookup": tt.ToolPolicy(idempotent=True),
-        "refund": tt.ToolPolicy(side_effect=True,
-                                reconcile=shop.find_refund if shop.reconcile else None)}))
+    agent = create_agent(model, tools=tools, middleware=middleware, name=AGENT)
+    h.add_agent(AGENT, LangChainAgent(agent, tools=_langchain_policies(shop)))
 
 
 LANGCHAIN = AdapterCase(
     "langchain", build_langchain,
     preload=("tether.integrations.langchain", "langchain_openai", "langchain.agents"))
 
+
 def build_langgraph(h: tt.Harness, shop: Shop, endpoint: Endpoint) -> None:
     """A hand-built LangGraph ReAct graph, as LangGraph's tutorials write it: a node asking
     ``ChatOpenAI.bind_tools``, a ``ToolNode`` and ``tools_condition`` between them."""
-    from langchain_core.tools import tool
-    from langchain_openai import ChatOpenAI
     from langgraph.graph import START, MessagesState, StateGraph
     from langgraph.prebuilt import ToolNode, tools_condition
 
-    from tether.integrations.langchain import LangGraphAgent, current_call
+    from tether.integrations.langchain import LangGraphAgent
 
-    @tool
-    async def lookup(order: str) -> dict[str, Any]:
-        """Look an order up."""
-        return await shop.lookup(current_call(), order)
-
-    @tool
-    async def refund(order: str, amount: int) -> str:
-        """Refund an order."""
-        return await shop.refund(current_call(), order, amount)
-
-    model = ChatOpenAI(model="fake-model", base_url=endpoint.url, api_key="none",  # type: ignore[arg-type]
-                       max_retries=0, http_async_client=endpoint.http_client(),
-                       disable_streaming=not endpoint.can_stream,
-                       stream_usage=True).bind_tools([lookup, refund])
+    tools, chat = _langchain_shop(shop, endpoint)
+    model = chat.bind_tools(tools)
 
     async def agent(state: MessagesState) -> dict[str, Any]:
         return {"messages": [await model.ainvoke(state["messages"])]}
 
     graph = StateGraph(MessagesState)
     graph.add_node("agent", agent)
-    graph.add_node("tools", ToolNode([lookup, refund]))
+    graph.add_node("tools", ToolNode(tools))
     graph.add_edge(START, "agent")
     graph.add_conditional_edges("agent", tools_condition)
     graph.add_edge("tools", "agent")
-    h.add_agent(AGENT, LangGraphAgent(graph.compile(), tools={
-        "lookup": tt.ToolPolicy(idempotent=True),
-        "refund": tt.ToolPolicy(side_effect=True,
-                                reconcile=shop.find_refund if shop.reconcile else None)}))
+    h.add_agent(AGENT, LangGraphAgent(graph.compile(), tools=_langchain_policies(shop)))
 
 
 LANGGRAPH = AdapterCase(
