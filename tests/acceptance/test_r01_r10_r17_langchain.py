@@ -314,3 +314,25 @@ async def test_r22_a_graph_that_asks_no_model_goes_to_a_person_naming_why(tmp_pa
     assert "added no model answer" in (info.record.reason or "")
     assert info.snapshot.usage.get("completions", 0) == 0  # no model was asked: none paid
     await h.close()
+
+
+async def test_r17_langgraphs_prebuilt_react_agent_runs_too(tmp_path: Path) -> None:
+    """``langgraph.prebuilt.create_react_agent`` (LangGraph's own ReAct agent, deprecated in
+    favour of ``create_agent`` but widely used) runs under the same adapter: its
+    ``remaining_steps`` is a value LangGraph computes per run, not state tether must keep."""
+    import warnings
+
+    from langgraph.prebuilt import create_react_agent
+
+    shop = Shop()
+    model = Scripted(responses=[calls(("refund", {"order": "A1", "amount": 5})),
+                                AIMessage("Refunded.")])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # its deprecation notice
+        agent = create_react_agent(model, tools=shop_tools(shop), prompt="Be brief.")
+    h = harness(tmp_path, agent)
+    task = await h.submit("support", "Refund 5 on A1")
+    info = await finished(h, task)
+    assert info.record.status is tt.Status.COMPLETED, info.record.reason
+    assert info.snapshot.result == "Refunded." and len(shop.refunds) == 1
+    await h.close()

@@ -94,9 +94,12 @@ ARGUMENTS_QUOTED = 400
 NOT_MADE = "error: this call was not made (its plan was dropped)"
 SKIPPED = "skipped: a person decided this call is not made"
 DENIED = "The tool call was rejected by a person."
-CHANNELS = frozenset({"messages", "jump_to", "structured_response", "hitl_edited_tool_calls"})
+CHANNELS = frozenset({"messages", "jump_to", "structured_response", "hitl_edited_tool_calls",
+                      "remaining_steps"})
 """The state a ``create_agent`` graph has of its own (and its human-in-the-loop middleware's,
-whose node tether stops before); tether keeps ``messages`` (its rows)."""
+whose node tether stops before; and ``remaining_steps``, the value LangGraph computes for
+``create_react_agent`` from the recursion limit of each run, which tether's own loop bounds
+stand for); tether keeps ``messages`` (its rows)."""
 
 
 class LangChainAgent(ModelAgent):
