@@ -21,14 +21,22 @@ from langchain.agents.middleware import (
     AgentMiddleware,
     AgentState,
     HumanInTheLoopMiddleware,
+    hook_config,
     wrap_tool_call,
 )
 from langchain.tools import ToolRuntime
 from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    HumanMessage,
+    RemoveMessage,
+    ToolMessage,
+)
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, StateGraph
+from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from pydantic import BaseModel
 
 import tether as tt
@@ -226,6 +234,13 @@ class Remembering(AgentMiddleware[AgentState[Any], Any]):
         return None
 
 
+class Audit(AgentMiddleware[AgentState[Any], Any]):
+    """Middleware with an after_model hook."""
+
+    async def aafter_model(self, state: AgentState[Any], runtime: Any) -> None:
+        return None
+
+
 class Noted(AgentState[Any]):
     notes: list[str]
 
@@ -243,7 +258,14 @@ class Counter(TypedDict):
     (lambda: StateGraph(Counter).add_node("x", lambda s: s).add_edge(START, "x").compile(),
      "no messages"),
     (lambda: create_agent, "not a compiled LangGraph graph"),
-], ids=["checkpointer", "before_agent", "extra_state", "no_messages", "not_a_graph"])
+    (lambda: create_agent(Scripted(responses=[]), tools=[], middleware=[
+        Audit(), HumanInTheLoopMiddleware(interrupt_on={"refund": True})]),
+     "Audit has an after_model hook that runs after HumanInTheLoopMiddleware"),
+    (lambda: create_agent(Scripted(responses=[]), tools=[], middleware=[
+        HumanInTheLoopMiddleware(interrupt_on={"refund": True}, interrupt_mode="per_call")]),
+     "per_call"),
+], ids=["checkpointer", "before_agent", "extra_state", "no_messages", "not_a_graph",
+        "hitl_before_another_after_model", "hitl_per_call"])
 def test_r26_what_tether_cannot_keep_is_refused_by_name(build: Callable[[], Any],
                                                          named: str) -> None:
     with pytest.raises(ConfigurationError, match=named):
@@ -274,7 +296,9 @@ async def test_r17_a_list_of_langchain_messages_is_a_valid_input(tmp_path: Path)
      "editing refund calls is not allowed"),
     (["approve", "edit", "reject"], {"approved": True, "args": "amount=5"}, [],
      "not a JSON object"),
-], ids=["approved", "edited", "rejected", "edit_not_allowed", "edit_not_an_object"])
+    (["approve", "edit", "reject"], {"approved": "false"}, [], "rejected by a person"),
+], ids=["approved", "edited", "rejected", "edit_not_allowed", "edit_not_an_object",
+        "a_string_is_no_approval"])
 async def test_r26_a_person_approves_edits_or_rejects_what_the_middleware_names(
         tmp_path: Path, allowed: list[str], answer: Any, paid: list[int], told: str) -> None:
     """``HumanInTheLoopMiddleware`` becomes a tether wait before the call it names; the
@@ -336,3 +360,104 @@ async def test_r17_langgraphs_prebuilt_react_agent_runs_too(tmp_path: Path) -> N
     assert info.record.status is tt.Status.COMPLETED, info.record.reason
     assert info.snapshot.result == "Refunded." and len(shop.refunds) == 1
     await h.close()
+
+
+class Guard(AgentMiddleware[AgentState[Any], Any]):
+    """Ends the run instead of letting a refund over 100 run (LangChain's ``jump_to``)."""
+
+    @hook_config(can_jump_to=["end"])
+    async def aafter_model(self, state: AgentState[Any], runtime: Any) -> dict[str, Any] | None:
+        last = state["messages"][-1]
+        if any(c["args"].get("amount", 0) > 100 for c in getattr(last, "tool_calls", [])):
+            return {"jump_to": "end"}
+        return None
+
+
+async def test_r10_a_call_a_guard_ended_the_run_on_is_never_made(tmp_path: Path) -> None:
+    """A run that *ended* with calls in its answer (a guard jumped to the end) is not a run
+    that stopped before its tools: the calls are not made, as in plain LangChain, and the
+    task ends with the answer's words."""
+    shop = Shop()
+    model = Scripted(responses=[calls(("refund", {"order": "A1", "amount": 5000}),
+                                      text="Refunding.")])
+    h = harness(tmp_path, create_agent(model, tools=shop_tools(shop), middleware=[Guard()]))
+    task = await h.submit("support", "refund A1")
+    info = await finished(h, task)
+    assert info.record.status is tt.Status.COMPLETED, info.record.reason
+    assert shop.refunds == [] and info.snapshot.result == "Refunding."
+    await h.close()
+
+
+async def test_r17_a_structured_response_beside_a_call_runs_the_call_then_finishes(
+        tmp_path: Path) -> None:
+    """An answer holding a real call and the structured response: the call runs (as in
+    plain LangChain) and the task's result is the structured response."""
+    shop = Shop()
+    model = Scripted(responses=[calls(("refund", {"order": "A1", "amount": 5}),
+                                      ("Verdict", {"refunded": True, "order": "A1"}))])
+    h = harness(tmp_path, create_agent(model, tools=shop_tools(shop), response_format=Verdict))
+    task = await h.submit("support", "refund A1 and say so")
+    info = await finished(h, task)
+    assert info.record.status is tt.Status.COMPLETED, info.record.reason
+    assert [amount for _, _, amount in shop.refunds] == [5]
+    assert info.snapshot.result == {"refunded": True, "order": "A1"}
+    await h.close()
+
+
+class Summarising(AgentMiddleware[AgentState[Any], Any]):
+    """Replaces all but the last two messages by a summary once there are more than four (as
+    LangChain's SummarizationMiddleware does), counting how often it summarises."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.summaries = 0
+
+    async def abefore_model(self, state: AgentState[Any], runtime: Any) -> dict[str, Any] | None:
+        messages = state["messages"]
+        if len(messages) <= 4:
+            return None
+        self.summaries += 1
+        return {"messages": [RemoveMessage(id=REMOVE_ALL_MESSAGES),
+                             HumanMessage(f"SUMMARY {self.summaries}"), *messages[-2:]]}
+
+
+async def test_r08_middleware_that_rewrites_the_conversation_is_kept_as_written(
+        tmp_path: Path) -> None:
+    """A middleware that replaces old messages by a summary: the model is asked with exactly
+    what plain LangChain sends, the summary is made as often (not every turn again), and the
+    task's rows decode to the rewritten conversation."""
+    def script() -> list[BaseMessage]:
+        return [*(calls(("lookup", {"order": f"A{i}"})) for i in range(4)), AIMessage("done")]
+
+    SEEN.clear()
+    plain = Summarising()
+    await create_agent(Scripted(responses=script()), tools=shop_tools(Shop()),
+                       middleware=[plain]).ainvoke({"messages": [HumanMessage("go")]})
+    asked_plain = [[m.text for m in request] for request in SEEN]
+    SEEN.clear()
+    ours = Summarising()
+    h = harness(tmp_path, create_agent(Scripted(responses=script()), tools=shop_tools(Shop()),
+                                       middleware=[ours]))
+    task = await h.submit("support", "go")
+    assert (await finished(h, task)).record.status is tt.Status.COMPLETED
+    assert [[m.text for m in request] for request in SEEN] == asked_plain
+    assert ours.summaries == plain.summaries > 0
+    decoded = messages_of(await h.history(task), "go", "support.")
+    assert decoded[0].text.startswith("SUMMARY") and decoded[-1].text == "done"
+    await h.close()
+
+
+def test_r08_an_input_with_repeated_ids_or_an_open_call_is_made_whole() -> None:
+    """Messages given as the input keep their order under ids of their own (LangGraph would
+    merge two with one id), and a call left open in them is answered as not made, so the
+    provider accepts the conversation."""
+    from langchain_core.messages import messages_to_dict
+
+    given = messages_to_dict([HumanMessage("order A1 please", id="x"),
+                              AIMessage("which amount?", id="x"), HumanMessage("5 EUR", id="x"),
+                              AIMessage("", tool_calls=[{"name": "lookup", "args": {},
+                                                         "id": "open1"}])])
+    decoded = messages_of([], given, "support.")
+    assert [m.text for m in decoded[:3]] == ["order A1 please", "which amount?", "5 EUR"]
+    assert len({m.id for m in decoded}) == len(decoded)
+    assert isinstance(decoded[-1], ToolMessage) and decoded[-1].tool_call_id == "open1"

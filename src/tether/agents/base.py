@@ -152,7 +152,8 @@ def with_approval(action: Action, task: TaskView) -> Action:
     if event.get("timeout"):
         decision = {"approved": False, "reason": "No one approved the call in time."}
     elif isinstance(payload, dict):
-        decision = {"approved": bool(payload.get("approved")), "reason": payload.get("reason")}
+        decision = {"approved": payload.get("approved") is True,  # "false" approves nothing
+                    "reason": payload.get("reason")}
         if "args" in payload:
             decision["args"] = payload["args"]
     else:

@@ -36,18 +36,17 @@ What tether cannot keep is refused when the agent is made (:func:`unmapped`), na
 from __future__ import annotations
 
 import dataclasses
-import json
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import pydantic_core
 
-from tether import dialog
-from tether.agent import DialogPosition, TaskView
+from tether.agent import TaskView
 from tether.agents import prompt
 from tether.agents.base import PENDING, ModelAgent, approval_wait, hook_takes_call
 from tether.agents.model_calls import ModelError, RetryPolicy
 from tether.errors import ConfigurationError, MissingExtra
+from tether.integrations.langchain_messages import Messages, dumped, messages_of, replayable, text
 from tether.model import Action, Finish, ToolCall
 from tether.tools import (
     ReconcileFn,
@@ -65,14 +64,13 @@ try:
     from langchain_core.messages import (
         AIMessage,
         BaseMessage,
-        HumanMessage,
+        RemoveMessage,
         ToolMessage,
-        message_to_dict,
-        messages_from_dict,
     )
     from langchain_core.runnables import RunnableConfig
     from langchain_core.tools import BaseTool
     from langchain_core.utils.function_calling import convert_to_openai_tool
+    from langgraph.graph.message import REMOVE_ALL_MESSAGES
     from langgraph.graph.state import CompiledStateGraph
     from langgraph.prebuilt import ToolNode
     from langgraph.runtime import Runtime
@@ -91,8 +89,6 @@ CALL = ("call_id", "args")
 """The arguments of tether's tool for a LangChain tool: a reconcile hook that takes these
 gets the model's call, else it gets the tool's own arguments."""
 ARGUMENTS_QUOTED = 400
-NOT_MADE = "error: this call was not made (its plan was dropped)"
-SKIPPED = "skipped: a person decided this call is not made"
 DENIED = "The tool call was rejected by a person."
 CHANNELS = frozenset({"messages", "jump_to", "structured_response", "hitl_edited_tool_calls",
                       "remaining_steps"})
@@ -180,29 +176,33 @@ class LangChainAgent(ModelAgent):
     # ------------------------------------------------------------------ planning
 
     async def plan(self, task: TaskView) -> Action | list[Action]:
-        opening = _text(task.input)
+        opening = text(task.input)
         history = self.kept(task, lambda: Messages(task.input, f"{self.name}.", opening),
                             opening).result()
         for _ in range(AGAIN):
-            state, seconds = await self._turn(history)
-            new = _added(history, state.get("messages") or [])
+            state, stopped, seconds = await self._turn(history)
+            final: list[BaseMessage] = list(state.get("messages") or [])
+            new = _added(history, final)
             answer = next((m for m in reversed(new) if isinstance(m, AIMessage)), None)
-            if answer is None and state.get("structured_response") is None:
+            structured = state.get("structured_response")
+            if answer is None and structured is None:
                 raise ModelError(f"agent {self.name}: a run of its graph added no model answer"
                                  f" (it added {len(new)} other messages); tether runs graphs"
                                  " in which a node asks the model")
-            extra = _unusable_calls(answer, self.tools, new)
-            _record(task, answer, new, extra, seconds)
-            if state.get("structured_response") is not None:  # the model node ended the run
-                return Finish(pydantic_core.to_jsonable_python(state["structured_response"],
-                                                               fallback=str))
-            calls = [c for c in (answer.tool_calls if answer is not None else [])
+            ended = answer is not None and bool(answer.tool_calls) and not stopped
+            extra = [] if ended else _unusable_calls(answer, self.tools, new)
+            _record(task, answer, _recorded(history, final, new), extra, seconds)
+            calls = [c for c in (answer.tool_calls if answer is not None and stopped else [])
                      if c["name"] in self.tools and c.get("id")]
+            if structured is not None:  # the model node ended the run, with or without calls
+                done = Finish(pydantic_core.to_jsonable_python(structured, fallback=str))
+                return [*self._calls(calls), done] if calls else done
             if calls:
                 return self._calls(calls)  # the engine holds the answer
-            if answer is not None and not answer.tool_calls and not answer.invalid_tool_calls:
-                return Finish(answer.text)
-            history = [*history, *map(_replayable, new), *extra]
+            assert answer is not None
+            if ended or not (answer.tool_calls or answer.invalid_tool_calls):
+                return Finish(answer.text)  # ended with calls: a guard ended it, none is made
+            history = [*map(replayable, final), *extra]
         raise ModelError(f"agent {self.name}: {AGAIN} answers in a row held only calls that"
                          " cannot be made")
 
@@ -218,22 +218,26 @@ class LangChainAgent(ModelAgent):
             actions.append(ToolCall(f"{self.name}.{call['name']}", args))
         return actions
 
-    async def _turn(self, history: list[BaseMessage]) -> tuple[dict[str, Any], float]:
+    async def _turn(self, history: list[BaseMessage]) -> tuple[dict[str, Any], bool, float]:
         """One model turn of the agent's graph from *history*: the graph's state when it
-        stops before its tools (or ends), and the seconds it took."""
-        partial: list[str] = []
+        stopped before its tools or ended, whether it stopped (True) rather than ended, and
+        the seconds it took."""
+        partial = _Partial()
 
-        async def once() -> dict[str, Any]:
+        async def once() -> tuple[dict[str, Any], bool]:
             partial.clear()
             config = self._config(None)
-            modes: list[StreamMode] = ["values", "messages"] if self.streams() else ["values"]
+            modes: list[StreamMode] = ["values", "updates"]
             if self.streams():  # the model's tokens, as it hands them over, before any queue
-                config["callbacks"] = [*_callbacks(config), _Partial(partial)]
+                modes.append("messages")
+                config["callbacks"] = [*_callbacks(config), partial]
             return await _run_to_tools(self.graph.astream(
                 {"messages": list(history)}, config, context=self.context,
                 interrupt_before=[*self.tool_nodes, *self.stops], stream_mode=modes))
 
-        return await self.request(once, f"agent {self.name}", lambda: "".join(partial))
+        (state, stopped), seconds = await self.request(once, f"agent {self.name}",
+                                                       partial.text)
+        return state, stopped, seconds
 
     def _config(self, key: str | None) -> RunnableConfig:
         config = cast(RunnableConfig, dict(self.config))
@@ -252,7 +256,8 @@ class LangChainAgent(ModelAgent):
         with running(ctx):
             output = await self.tool_nodes[self.owners[name]].ainvoke(
                 {"__type": "tool_call_with_context", "tool_call": call, "state": {"messages": []}},
-                self._config(ctx.idempotency_key), runtime=Runtime(context=self.context))
+                self._config(ctx.idempotency_key),
+                runtime=Runtime(context=self.context, store=self.graph.store))
         return _only_message(output, name, call_id)
 
 
@@ -283,6 +288,29 @@ def unmapped(agent: Any) -> Iterator[str]:
         if node.endswith((".before_agent", ".after_agent")):
             yield (f"middleware hook {node} runs once per run, but tether runs the graph once"
                    " per model turn")
+    yield from _unmapped_approvals(agent)
+
+
+def _unmapped_approvals(agent: CompiledStateGraph[Any, Any, Any, Any]) -> Iterator[str]:
+    """What of the human-in-the-loop middleware tether cannot stand in for: asking per call
+    inside the tool node, and other ``after_model`` hooks that would run after it (tether
+    stops the graph before it, so they would never run). ``after_model`` hooks run in the
+    reverse of the middleware list: the middleware must come first among those that have
+    one."""
+    after_model = [n.removesuffix(".after_model") for n in agent.nodes
+                   if n.endswith(".after_model")]
+    for middleware in _middleware(agent):
+        if not isinstance(middleware, HumanInTheLoopMiddleware):
+            continue
+        if getattr(middleware, "interrupt_mode", None) == "per_call":
+            yield (f"{middleware.name} asks per call (interrupt_mode="
+                   f"{middleware.interrupt_mode!r}) inside the tool node; use the default")
+        ahead = after_model[:after_model.index(middleware.name)] \
+            if middleware.name in after_model else []
+        if ahead:
+            yield (f"middleware {', '.join(ahead)} has an after_model hook that runs after"
+                   f" {middleware.name}'s, before which tether stops the graph; list"
+                   f" {middleware.name} before it")
 
 
 def _tool_nodes(agent: CompiledStateGraph[Any, Any, Any, Any]) -> dict[str, ToolNode]:
@@ -337,33 +365,51 @@ def _middleware(agent: CompiledStateGraph[Any, Any, Any, Any]) -> Iterator[Any]:
             yield owner
 
 
-async def _run_to_tools(chunks: AsyncIterator[Any]) -> dict[str, Any]:
-    """Consume a graph run: its last state. (Streaming ``messages`` is asked for only so that
-    the model streams; its text is kept by :class:`_Partial`.)"""
+async def _run_to_tools(chunks: AsyncIterator[Any]) -> tuple[dict[str, Any], bool]:
+    """Consume a graph run: its last state, and whether it stopped before a node tether runs
+    (an interrupt) rather than ended. (Streaming ``messages`` is asked for only so that the
+    model streams; its text is kept by :class:`_Partial`.)"""
     state: dict[str, Any] = {}
+    stopped = False
     try:
         async for mode, chunk in chunks:
             if mode == "values":
                 state = chunk
+            elif mode == "updates" and "__interrupt__" in chunk:
+                stopped = True
     finally:
         aclose = getattr(chunks, "aclose", None)
         if aclose is not None:
             await aclose()
-    return state
+    return state, stopped
 
 
 class _Partial(BaseCallbackHandler):
     """Keeps the text a model streams, token by token as the model hands it over (inline, not
-    through LangGraph's stream queue), so a P0 that cuts the answer keeps all of it."""
+    through LangGraph's stream queue), so a P0 that cuts the answer keeps all of it. Only the
+    newest model run's text is kept: a middleware's own model call (a summary) comes first."""
 
     run_inline = True
 
-    def __init__(self, partial: list[str]) -> None:
-        self.partial = partial
+    def __init__(self) -> None:
+        self.pieces: list[str] = []
+        self.run: Any = None
 
-    def on_llm_new_token(self, token: str | list[str | dict[str, Any]], **kwargs: Any) -> None:
-        self.partial.append(token if isinstance(token, str) else
-                            "".join(t for t in token if isinstance(t, str)))
+    def clear(self) -> None:
+        self.pieces, self.run = [], None
+
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    def on_llm_new_token(self, token: str | list[str | dict[str, Any]], *, chunk: Any = None,
+                         run_id: Any = None, **kwargs: Any) -> None:
+        if run_id != self.run:
+            self.pieces, self.run = [], run_id
+        message = getattr(chunk, "message", None)
+        if isinstance(message, BaseMessage):  # content blocks too (Anthropic, Responses API)
+            self.pieces.append(message.text)
+        elif isinstance(token, str):
+            self.pieces.append(token)
 
 
 def _callbacks(config: Mapping[str, Any]) -> list[Any]:
@@ -378,6 +424,18 @@ def _added(history: Sequence[BaseMessage], messages: Sequence[BaseMessage]) -> l
     """The messages a turn added to *history* (every message of a history has an id)."""
     seen = {m.id for m in history}
     return [m for m in messages if m.id not in seen]
+
+
+def _recorded(history: Sequence[BaseMessage], final: Sequence[BaseMessage],
+              new: list[BaseMessage]) -> list[BaseMessage]:
+    """What a turn's row records: the messages it added, or, when middleware rewrote the
+    history (a summary replacing old messages, a redaction), the whole conversation after
+    it, behind ``RemoveMessage(REMOVE_ALL_MESSAGES)`` as LangGraph's reducer writes it."""
+    kept = len(final) >= len(history) and all(
+        a is b or a == b for a, b in zip(history, final, strict=False))
+    if kept:
+        return new
+    return [RemoveMessage(id=REMOVE_ALL_MESSAGES), *final]
 
 
 def _unusable_calls(answer: AIMessage | None, tools: Mapping[str, BaseTool],
@@ -402,7 +460,7 @@ def _unusable_calls(answer: AIMessage | None, tools: Mapping[str, BaseTool],
     return out
 
 
-def _record(task: TaskView, answer: AIMessage | None, new: Sequence[BaseMessage],
+def _record(task: TaskView, answer: AIMessage | None, recorded: Sequence[BaseMessage],
             extra: Sequence[BaseMessage], seconds: float) -> None:
     usage: Mapping[str, Any] = (answer.usage_metadata if answer is not None else None) or {}
     meta = answer.response_metadata if answer is not None else {}
@@ -411,7 +469,7 @@ def _record(task: TaskView, answer: AIMessage | None, new: Sequence[BaseMessage]
                                   "completion_tokens": usage.get("output_tokens", 0)},
                            finish_reason="tool_calls" if answer is not None and answer.tool_calls
                            else "stop", seconds=seconds,
-                           messages=[_dumped(m) for m in [*new, *extra]])
+                           messages=[dumped(m) for m in [*recorded, *extra]])
 
 
 def _only_message(output: Any, name: str, call_id: str) -> dict[str, Any]:
@@ -420,7 +478,7 @@ def _only_message(output: Any, name: str, call_id: str) -> dict[str, Any]:
     if isinstance(messages, ToolMessage):
         messages = [messages]
     if isinstance(messages, list) and len(messages) == 1 and isinstance(messages[0], ToolMessage):
-        return _dumped(messages[0])
+        return dumped(messages[0])
     kind = "a Command" if isinstance(output, Command) or (
         isinstance(messages, list) and any(isinstance(m, Command) for m in messages)) \
         else type(output).__name__
@@ -461,140 +519,11 @@ def _found_message(value: Any, name: str, call_id: str, hook: Any,
                 f" ToolMessage for call {value.tool_call_id!r}, not for call {call_id!r};"
                 " return the tool's value, a ToolMessage for the call, or None if it never"
                 " happened")
-        return _dumped(value)
+        return dumped(value)
     return _tool_message(call_id, name, value)
 
 
 def _tool_message(call_id: str, name: str, content: Any, status: str = "success"
                   ) -> dict[str, Any]:
-    text = content if isinstance(content, str) else _text(content)
-    return _dumped(ToolMessage(text, tool_call_id=call_id, name=name, status=status))
-
-
-# ---------------------------------------------------------------------------- history
-
-
-def messages_of(rows: Sequence[Mapping[str, Any]], opening: Any,
-                prefix: str = "") -> list[BaseMessage]:
-    """The LangChain messages a task's dialog rows hold after *opening* (the task's input)."""
-    decoded = Messages(opening, prefix, "")
-    decoded.feed(rows)
-    return decoded.result()
-
-
-class Messages:
-    """A task's LangChain messages, decoded as its rows come (a running task feeds only the
-    rows added since its last plan). Providers want every call answered before the
-    conversation goes on, so a message that came while calls were open follows their
-    results, and a call never made is answered as such."""
-
-    def __init__(self, opening: Any, prefix: str, key: str) -> None:
-        self.messages: list[BaseMessage] = _opening(opening)
-        self.held: list[BaseMessage] = []
-        self.open_calls: dict[str, str] = {}  # call id -> tool name, in order
-        self.call_ids: dict[str, str] = {}
-        self.prefix = prefix
-        self.opening = key
-        self.position: DialogPosition | None = None
-        self.count = len(self.messages)
-
-    def feed(self, rows: Iterable[Mapping[str, Any]]) -> None:
-        for row in map(dialog.read, rows):
-            if isinstance(row, dialog.CallRow):
-                if row.name.startswith(self.prefix) and isinstance(row.args, Mapping):
-                    self.call_ids[row.key] = str(row.args.get("call_id", ""))
-                continue
-            if isinstance(row, dialog.Completion) and self.open_calls:  # a dropped plan's calls
-                self._add(*self._not_made(), *self.held)
-                self.held = []
-            for message in self._messages(row):
-                if not isinstance(row, dialog.Completion) and not isinstance(message, ToolMessage) \
-                        and self.open_calls:
-                    self.count += 1
-                    message.id = message.id or f"tether-{self.count}"
-                    self.held.append(message)
-                else:
-                    self._add(message)
-            if self.held and not self.open_calls:
-                self._add(*self.held)
-                self.held = []
-
-    def _add(self, *messages: BaseMessage) -> None:
-        for message in messages:
-            if message.id is None:
-                self.count += 1
-                message.id = f"tether-{self.count}"
-            self.messages.append(message)
-            if isinstance(message, AIMessage):
-                self.open_calls.update({c["id"]: c["name"] for c in message.tool_calls if c["id"]})
-            elif isinstance(message, ToolMessage):
-                self.open_calls.pop(message.tool_call_id, None)
-
-    def _not_made(self) -> list[BaseMessage]:
-        return [ToolMessage(NOT_MADE, tool_call_id=c, name=n, status="error",
-                            id=f"tether-not-made-{c}") for c, n in self.open_calls.items()]
-
-    def _messages(self, row: dialog.DialogRow) -> list[BaseMessage]:
-        """What one dialog row adds to the conversation."""
-        if isinstance(row, dialog.Completion):
-            return [_replayable(m) for m in messages_from_dict(row.messages)]
-        if isinstance(row, dialog.ReplyRow):
-            return [AIMessage(_text(row.text) + dialog.CUT_OFF)] if row.cut_off else []
-        if isinstance(row, dialog.ResultRow):
-            return self._result(row)
-        if isinstance(row, dialog.UserRow | dialog.EventRow):
-            return [HumanMessage(dialog.spoken(row, _text(row.content)))]
-        if isinstance(row, dialog.Decision):
-            return [HumanMessage(f"[decide] {_text(row.content)}")]
-        return []
-
-    def _result(self, row: dialog.ResultRow) -> list[BaseMessage]:
-        content = row.content
-        if isinstance(content, Mapping) and content.get("type") == "tool":
-            return messages_from_dict([dict(content)])
-        call_id = self.call_ids.get(row.key)
-        if call_id is None or not row.name.startswith(self.prefix):
-            return []
-        name = row.name[len(self.prefix):]
-        if row.error is not None:
-            return [ToolMessage(f"error: {row.error}", tool_call_id=call_id, name=name,
-                                status="error")]
-        return [ToolMessage(SKIPPED if row.skipped else _text(content), tool_call_id=call_id,
-                            name=name)]
-
-    def result(self) -> list[BaseMessage]:
-        """The messages so far; calls still open answered as never made."""
-        return [*self.messages, *self._not_made(), *self.held]
-
-
-def _opening(value: Any) -> list[BaseMessage]:
-    """The task's input as messages: a list of LangChain message dicts as they are, else one
-    human message."""
-    if isinstance(value, list) and value and all(isinstance(m, Mapping) and "type" in m
-                                                 and "data" in m for m in value):
-        messages = messages_from_dict(value)
-        for n, message in enumerate(messages):  # a turn's new messages are told by their ids
-            message.id = message.id or f"tether-input-{n}"
-        return messages
-    return [HumanMessage(_text(value), id="tether-input")]
-
-
-def _replayable(message: BaseMessage) -> BaseMessage:
-    """A message as a model is sent it again: calls whose arguments were not a JSON object
-    are replayed as calls with ``{}`` (a strict server answers HTTP 500 to every request
-    holding one); the tool message after each says what the model sent."""
-    if not isinstance(message, AIMessage) or not message.invalid_tool_calls:
-        return message
-    calls = [*message.tool_calls, *({"name": bad.get("name") or "", "args": {},
-                                      "id": bad.get("id") or "", "type": "tool_call"}
-                                     for bad in message.invalid_tool_calls)]
-    return message.model_copy(update={"tool_calls": calls, "invalid_tool_calls": []})
-
-
-def _dumped(message: BaseMessage) -> dict[str, Any]:
-    return dict(pydantic_core.to_jsonable_python(message_to_dict(message), fallback=str))
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(
-        pydantic_core.to_jsonable_python(value, fallback=str))
+    said = content if isinstance(content, str) else text(content)
+    return dumped(ToolMessage(said, tool_call_id=call_id, name=name, status=status))
