@@ -7,6 +7,8 @@ a more specific message naming the task, event, tool or version involved.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class TetherError(Exception):
     """Something went wrong inside tether."""
@@ -148,6 +150,16 @@ class NeedsPerson(TetherError):
 
 class NotRetryable(TetherError):
     """Raise this from a tool to stop its retries: the failure will not go away by itself."""
+
+
+class ResultUnusable(TetherError):
+    """Raise this from a tool (or an adapter running one) that ran but whose result cannot be
+    kept: running it again would repeat what it did, so the call is recorded as done, not
+    repeated, and the task goes to a person with this message. *value* is what it returned."""
+
+    def __init__(self, message: str, value: Any = None) -> None:
+        super().__init__(message)
+        self.value = value
 
 
 class StoreUnavailable(StoreError):

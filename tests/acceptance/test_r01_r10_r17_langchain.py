@@ -37,6 +37,7 @@ from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, StateGraph
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
+from langgraph.types import Command
 from pydantic import BaseModel
 
 import tether as tt
@@ -461,3 +462,36 @@ def test_r08_an_input_with_repeated_ids_or_an_open_call_is_made_whole() -> None:
     assert [m.text for m in decoded[:3]] == ["order A1 please", "which amount?", "5 EUR"]
     assert len({m.id for m in decoded}) == len(decoded)
     assert isinstance(decoded[-1], ToolMessage) and decoded[-1].tool_call_id == "open1"
+
+
+async def test_r10_a_tool_that_returns_a_command_ran_once_and_is_not_run_again(
+        tmp_path: Path) -> None:
+    """A tool returning LangGraph's ``Command`` (graph state tether does not keep) has done
+    its work by then: the call is not retried (which would repeat it); the task goes to a
+    person saying why. A tool declared to return one is refused when the agent is made."""
+    ran: list[str] = []
+
+    @tool
+    def transfer(order: str, runtime: ToolRuntime) -> Any:
+        """Move an order to another queue."""
+        ran.append(order)
+        return Command(update={"messages": [ToolMessage("moved", tool_call_id=runtime.tool_call_id)],
+                               "queue": "other"})
+
+    model = Scripted(responses=[calls(("transfer", {"order": "A1"})), AIMessage("done")])
+    h = harness(tmp_path, create_agent(model, tools=[transfer]), tools={})
+    task = await h.submit("support", "transfer A1")
+    info = await finished(h, task)
+    assert ran == ["A1"], "the call ran again"
+    assert info.record.status is tt.Status.NEEDS_HUMAN
+    reason = info.record.reason or ""
+    assert "returned a Command" in reason and "not repeated" in reason, reason
+    await h.close()
+
+    @tool
+    def declared(order: str) -> Command:  # type: ignore[type-arg]
+        """Move an order, as its signature says."""
+        return Command(update={})
+
+    with pytest.raises(ConfigurationError, match="declared returns a Command"):
+        LangChainAgent(create_agent(Scripted(responses=[]), tools=[declared]))

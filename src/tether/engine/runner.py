@@ -32,6 +32,7 @@ from tether.errors import (
     LeaseLost,
     OutcomeUnknown,
     RateLimited,
+    ResultUnusable,
     ToolTimeout,
     UnknownAgent,
 )
@@ -449,6 +450,9 @@ class Runner:
             if isinstance(cut, RateLimited):
                 call.retry_at = await self.admission.block(self.snap, tool.limits,
                                                            cut.retry_after)
+            return
+        except ResultUnusable as error:  # it ran: recorded as done, never run again
+            await calls.unusable_result(self, tool, call, error.value, error)
             return
         except (ToolTimeout, OutcomeUnknown) as error:
             if tool.side_effect:

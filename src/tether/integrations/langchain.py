@@ -36,6 +36,7 @@ What tether cannot keep is refused when the agent is made (:func:`unmapped`), na
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, cast
 
@@ -45,7 +46,7 @@ from tether.agent import TaskView
 from tether.agents import prompt
 from tether.agents.base import PENDING, ModelAgent, approval_wait, hook_takes_call
 from tether.agents.model_calls import ModelError, RetryPolicy
-from tether.errors import ConfigurationError, MissingExtra
+from tether.errors import ConfigurationError, MissingExtra, ResultUnusable
 from tether.integrations.langchain_messages import Messages, dumped, messages_of, replayable, text
 from tether.model import Action, Finish, ToolCall
 from tether.tools import (
@@ -284,6 +285,9 @@ def unmapped(agent: Any) -> Iterator[str]:
     if extra:
         yield (f"its state has {', '.join(extra)} beside messages, which tether does not keep"
                " between model turns")
+    for tool_node in _tool_nodes(agent).values():
+        yield from (f"tool {name} returns a Command (graph state tether does not keep)"
+                    for name, tool in tool_node.tools_by_name.items() if _returns_command(tool))
     for node in agent.nodes:
         if node.endswith((".before_agent", ".after_agent")):
             yield (f"middleware hook {node} runs once per run, but tether runs the graph once"
@@ -318,6 +322,16 @@ def _tool_nodes(agent: CompiledStateGraph[Any, Any, Any, Any]) -> dict[str, Tool
     their calls itself, one tether call each."""
     bound = {name: getattr(node, "bound", None) for name, node in agent.nodes.items()}
     return {name: node for name, node in bound.items() if isinstance(node, ToolNode)}
+
+
+def _returns_command(tool: BaseTool) -> bool:
+    """Whether *tool*'s function says it returns LangGraph's ``Command``."""
+    func = getattr(tool, "coroutine", None) or getattr(tool, "func", None)
+    try:
+        returned = typing.get_type_hints(func).get("return") if func is not None else None
+    except Exception:  # hints that do not resolve say nothing either way
+        return False
+    return returned is Command or typing.get_origin(returned) is Command
 
 
 def _tools(nodes: Mapping[str, ToolNode]) -> tuple[dict[str, BaseTool], dict[str, str]]:
@@ -482,8 +496,9 @@ def _only_message(output: Any, name: str, call_id: str) -> dict[str, Any]:
     kind = "a Command" if isinstance(output, Command) or (
         isinstance(messages, list) and any(isinstance(m, Command) for m in messages)) \
         else type(output).__name__
-    raise ModelError(f"LangChain tool {name} (call {call_id}) returned {kind}, not one tool"
-                     " message; tether keeps the conversation, not graph state a tool updates")
+    raise ResultUnusable(f"LangChain tool {name} (call {call_id}) ran and returned {kind},"
+                         " not one tool message; tether keeps the conversation, not graph"
+                         " state a tool updates", output)
 
 
 # ---------------------------------------------------------------------------- reconcile hooks
