@@ -298,8 +298,12 @@ async def test_r17_a_list_of_langchain_messages_is_a_valid_input(tmp_path: Path)
     (["approve", "edit", "reject"], {"approved": True, "args": "amount=5"}, [],
      "not a JSON object"),
     (["approve", "edit", "reject"], {"approved": "false"}, [], "rejected by a person"),
+    (["approve", "respond"], {"respond": "Refunded by hand already."}, [],
+     "Refunded by hand already."),
+    (["approve", "reject"], {"respond": "Refunded by hand already."}, [],
+     "in the tool's place is not allowed"),
 ], ids=["approved", "edited", "rejected", "edit_not_allowed", "edit_not_an_object",
-        "a_string_is_no_approval"])
+        "a_string_is_no_approval", "responded", "respond_not_allowed"])
 async def test_r26_a_person_approves_edits_or_rejects_what_the_middleware_names(
         tmp_path: Path, allowed: list[str], answer: Any, paid: list[int], told: str) -> None:
     """``HumanInTheLoopMiddleware`` becomes a tether wait before the call it names; the

@@ -143,8 +143,9 @@ def approval_wait(timeout: float | None) -> Wait:
 def with_approval(action: Action, task: TaskView) -> Action:
     """A call that waited for approval, carrying the answer: the payload of the ``approval``
     event that ended the wait (``true``/``false``, or ``{"approved": ..., "reason": ...}``,
-    with ``"args": {...}`` for a person who edited the call's arguments, for adapters whose
-    framework lets a person edit); a wait that timed out is a denial."""
+    with ``"args": {...}`` for a person who edited the call's arguments, or ``"respond":
+    "..."`` for one who answered in the tool's place, for adapters whose framework lets a
+    person do so); a wait that timed out is a denial."""
     if not isinstance(action, ToolCall) or action.args.get("approval") != PENDING:
         return action
     event = dict(task.last_event or {})
@@ -154,8 +155,7 @@ def with_approval(action: Action, task: TaskView) -> Action:
     elif isinstance(payload, dict):
         decision = {"approved": payload.get("approved") is True,  # "false" approves nothing
                     "reason": payload.get("reason")}
-        if "args" in payload:
-            decision["args"] = payload["args"]
+        decision.update({k: payload[k] for k in ("args", "respond") if k in payload})
     else:
         decision = {"approved": payload is True, "reason": None}
     return ToolCall(action.name, {**action.args, "approval": decision})

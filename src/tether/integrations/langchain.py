@@ -23,8 +23,8 @@ own compiled graph one model turn at a time instead:
   ``ToolMessage`` for the call.
 - **Human in the loop**: ``HumanInTheLoopMiddleware(interrupt_on=...)`` becomes a tether wait
   before each call it names, answered by an ``approval`` event (approve, edit with
-  ``"args"``, or reject, as the middleware allows) from the console, the CLI, the API or a
-  webhook, and kept across restarts.
+  ``"args"``, reject, or respond in the tool's place with ``"respond"``, as the middleware
+  allows) from the console, the CLI, the API or a webhook, and kept across restarts.
 - **The conversation lives in the task's rows**, decoded once and fed only new rows while the
   task runs here; a P1 message reaches the next model turn.
 
@@ -149,6 +149,8 @@ class LangChainAgent(ModelAgent):
                 refused = self._refused(name, approval)
                 if refused is not None:
                     return _tool_message(call_id, name, refused, status="error")
+                if "respond" in approval:  # the person's answer stands for the tool's
+                    return _tool_message(call_id, name, approval["respond"])
                 args = approval.get("args", args)
             return await self._run_tool(ctx, name, call_id, args)
 
@@ -163,6 +165,10 @@ class LangChainAgent(ModelAgent):
         """Why a person's answer does not let the call run (None: it runs, with the edited
         arguments if they edited it, and the middleware allows edits of this tool)."""
         allowed = self.approvals.get(name, frozenset())
+        if "respond" in approval:
+            return None if "respond" in allowed and isinstance(approval["respond"], str) else \
+                f"The call was not run: answering {name} calls in the tool's place is not" \
+                " allowed, or the answer was not text."
         if not approval.get("approved"):
             return str(approval.get("reason") or DENIED)
         if "args" not in approval:
@@ -360,7 +366,8 @@ def _approvals(agent: CompiledStateGraph[Any, Any, Any, Any]
             for name, on in middleware.interrupt_on.items():
                 if on:
                     decisions = on.get("allowed_decisions") if isinstance(on, Mapping) else None
-                    allowed[name] = frozenset(decisions or ("approve", "edit", "reject"))
+                    allowed[name] = frozenset(decisions or ("approve", "edit", "reject",
+                                                            "respond"))
             stops += [n for n in agent.nodes if n.startswith(f"{middleware.name}.")]
     return allowed, stops
 
