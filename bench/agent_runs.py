@@ -10,6 +10,8 @@ their labels, and the lease its tether child uses, which a restarted child waits
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import dataclasses
 import json
 import os
@@ -58,7 +60,8 @@ Timed = dict[str, dict[int, list[dict[str, Any]] | RunFailed]]
 """Per system and N, each round's run (seconds, answer, counts), or why there is none."""
 Killed = dict[str, dict[int, dict[str, int] | RunFailed]]
 """Per system and N, the counts of a killed and restarted run, or why there are none."""
-
+Report = Callable[[Timed, Killed, Sequence[int], int, float], str]
+"""A benchmark's markdown from its runs, kills, sizes, rounds and seconds."""
 
 
 # ---------------------------------------------------------------------------- the child side
@@ -106,10 +109,11 @@ Session = Callable[[int, Path], AbstractAsyncContextManager[Go]]
 """Sets a system up for one run of N tool calls in a folder of its own (outside the clock)."""
 
 
-async def run_each(probe: Probe, sizes: Sequence[int], mode: str,
-                   session: Session) -> dict[int, dict[str, Any]]:
+async def run_each(probe: Probe, sizes: Sequence[int], mode: str, session: Session,
+                   profiler: Any = None) -> dict[int, dict[str, Any]]:
     """The run of each size, timed, after a warm-up run in ``run`` mode (imports, schema
-    building and first-call costs stay out of the clock)."""
+    building and first-call costs stay out of the clock); with *profiler* (anything with
+    ``enable()`` and ``disable()``), profiled too, only around the timed run."""
     if mode == "run":
         probe.begin(WARMUP, probe.folder / "warm-up")
         async with session(WARMUP, probe.folder / "warm-up") as go:
@@ -118,12 +122,36 @@ async def run_each(probe: Probe, sizes: Sequence[int], mode: str,
     for steps in sizes:
         probe.begin(steps, probe.folder / f"n{steps}")
         async with session(steps, probe.folder / f"n{steps}") as go:
+            if profiler is not None:
+                profiler.enable()
             started, cpu = time.perf_counter(), time.process_time()
             output = await go()
             seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+            if profiler is not None:
+                profiler.disable()
         found[steps] = {"seconds": seconds, "cpu_seconds": cpu, "output": output,
                         "models": probe.models, "tools": probe.tools}
     return found
+
+
+Runner = Callable[[Probe, Sequence[int], str], Awaitable[dict[int, dict[str, Any]]]]
+"""One system's runs in a child: each size in turn, in a ``mode`` (see :func:`child`)."""
+
+
+def child(runners: Mapping[str, Runner], system: str, sizes: Sequence[int], folder: Path,
+          mode: str) -> None:
+    """Run *system* at each size in turn and print one JSON line: per size, the seconds,
+    the answer and this process's counts.
+
+    *mode* ``run``: timed, after a warm-up run; ``cold``: no warm-up, the kill hook armed (it
+    fires only while the marker file exists); ``resume``: finish the run a killed ``cold``
+    process left."""
+    probe = Probe(folder, armed=mode == "cold")
+    found = asyncio.run(runners[system](probe, sizes, mode))
+    for steps, run in found.items():
+        if run["output"] != f"done {steps}":
+            sys.exit(f"{system}: the run answered {run['output']!r}, expected 'done {steps}'")
+    print(json.dumps({str(steps): run for steps, run in found.items()}))
 
 
 @dataclass(frozen=True)
@@ -247,6 +275,69 @@ class AgentBench:
                                  f"{cut['models'] - once['models']:+d}", str(once["tools"]),
                                  str(cut["tools"])])
         return table(head, rows)
+
+    def tables(self, runs: Timed, found: Killed, sizes: Sequence[int], target: str,
+               packages: Sequence[str], seconds: float) -> list[str]:
+        """Every benchmark's tables after its introduction: overheads on both clocks, the
+        *target* (its title) met or not, the kill counts, and the versions line."""
+        return [
+            self.overhead_table(runs, sizes, "seconds"), "",
+            "The same runs on the CPU clock (every thread of the process): less shaken by other"
+            " work on a shared machine, blind to waiting on the disk.", "",
+            self.overhead_table(runs, sizes, "cpu_seconds"), "",
+            f"{target}, on the CPU clock (medians of the table above):", "",
+            self.target_table(runs, sizes), "",
+            "Each system's process SIGKILLed inside tool call k = N/2 (after the call's work,"
+            " before its result is returned), then the same program started again to finish"
+            " the run; model requests and tool calls counted across both processes. The plain"
+            " run can only start over.", "",
+            self.kill_table(runs, found, sizes), "",
+            f"{versions(packages)}. Ran in {seconds:,.0f} s.",
+        ]
+
+    def parser(self, description: str, out: str) -> argparse.ArgumentParser:
+        """The command line every benchmark takes (*out*: its file in ``docs/``)."""
+        parser = argparse.ArgumentParser(description=description)
+        parser.add_argument("--steps", default="10,100,300",
+                            help="tool calls per run, comma-separated")
+        parser.add_argument("--rounds", type=int, default=3)
+        parser.add_argument("--out", type=Path, default=None,
+                            help=f"also write the tables there (docs/{out}, which compare.py"
+                                 " copies into docs/benchmarks.md)")
+        parser.add_argument("--work", type=Path, default=None,
+                            help="folder for the runs' stores")
+        parser.add_argument("--child", nargs=3, metavar=("SYSTEM", "STEPS", "FOLDER"),
+                            help=argparse.SUPPRESS)
+        parser.add_argument("--mode", choices=("run", "cold", "resume"), default="run",
+                            help=argparse.SUPPRESS)
+        return parser
+
+    def main(self, parser: argparse.ArgumentParser, args: argparse.Namespace,
+             runners: Mapping[str, Runner], report: Report) -> None:
+        """A child's runs (``--child``), or the whole benchmark: every system's timed rounds
+        and kills, then *report*'s tables printed and written (see :func:`finish`)."""
+        if args.child:
+            system, sizes, folder = args.child
+            if system not in self.systems:
+                parser.error(f"no system {system}")
+            child(runners, system, [int(n) for n in sizes.split(",")], Path(folder), args.mode)
+            return
+        sizes = [int(n) for n in args.steps.split(",")]
+        if min(sizes) < 2 or args.rounds < 1:
+            parser.error("--steps must be at least 2 and --rounds at least 1")
+        started = time.perf_counter()
+        work = Path(tempfile.mkdtemp(prefix=f"{self.script.stem}-", dir=args.work))
+
+        def say(line: str) -> None:
+            print(f"[{time.perf_counter() - started:6.1f}s] {line}", file=sys.stderr, flush=True)
+
+        try:
+            runs = self.timed(sizes, args.rounds, work, say)
+            found = self.kills(sizes, work, say)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        finish(report(runs, found, sizes, args.rounds, time.perf_counter() - started), runs,
+               found, sizes, args.out)
 
     def target_table(self, runs: Timed, sizes: Sequence[int]) -> str:
         """Issue 27's target on the CPU clock, met or not: per N the plain run's CPU ms per tool

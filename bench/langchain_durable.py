@@ -27,19 +27,13 @@ prints markdown tables and exits 0 (1 if a run failed).
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import dataclasses
-import shutil
-import sys
-import tempfile
-import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from agent_runs import AgentBench, Go, Killed, Probe, Timed, finish, run_each, versions
+from agent_runs import AgentBench, Go, Killed, Probe, Timed, run_each
 from workload import ARG
 
 SYSTEMS = ("plain", "tether", "langgraph")
@@ -177,18 +171,6 @@ BENCH = AgentBench(Path(__file__).resolve(), SYSTEMS, LABELS, LEASE, peer="langg
                    peer_name="LangGraph SqliteSaver")
 
 
-def child(system: str, sizes: Sequence[int], folder: Path, mode: str) -> None:
-    """Run *system* at each size in turn and print one JSON line (see pydantic_ai_durable)."""
-    import json
-
-    probe = Probe(folder, armed=mode == "cold")
-    found = asyncio.run(RUNNERS[system](probe, sizes, mode))
-    for steps, run in found.items():
-        if run["output"] != f"done {steps}":
-            sys.exit(f"{system}: the run answered {run['output']!r}, expected 'done {steps}'")
-    print(json.dumps({str(steps): run for steps, run in found.items()}))
-
-
 # ---------------------------------------------------------------------------- the parent
 
 
@@ -203,54 +185,13 @@ def markdown(runs: Timed, found: Killed, sizes: Sequence[int], rounds: int, seco
         f" {rounds} interleaved round{'s' if rounds != 1 else ''} (with more than one, their"
         " range in brackets); each system's round its own process, running each N in turn in a"
         " fresh store (`bench/langchain_durable.py`).", "",
-        BENCH.overhead_table(runs, sizes, "seconds"), "",
-        "The same runs on the CPU clock (every thread of the process).", "",
-        BENCH.overhead_table(runs, sizes, "cpu_seconds"), "",
-        "Issue 28's target (as issue 27's), on the CPU clock:", "",
-        BENCH.target_table(runs, sizes), "",
-        "Each system's process SIGKILLed inside tool call k = N/2, then the same program started"
-        " again to finish the run; model requests and tool calls counted across both"
-        " processes. The plain run can only start over.", "",
-        BENCH.kill_table(runs, found, sizes), "",
-        f"{versions(PACKAGES)}. Ran in {seconds:,.0f} s.",
+        *BENCH.tables(runs, found, sizes, "Issue 28's target (as issue 27's)", PACKAGES, seconds),
     ])
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", default="10,100,300", help="tool calls per run, comma-separated")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=None,
-                        help="also write the tables there (docs/benchmarks-langchain.md, which"
-                             " compare.py copies into docs/benchmarks.md)")
-    parser.add_argument("--work", type=Path, default=None, help="folder for the runs' stores")
-    parser.add_argument("--child", nargs=3, metavar=("SYSTEM", "STEPS", "FOLDER"),
-                        help=argparse.SUPPRESS)
-    parser.add_argument("--mode", choices=("run", "cold", "resume"), default="run",
-                        help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        system, sizes, folder = args.child
-        if system not in SYSTEMS:
-            parser.error(f"no system {system}")
-        child(system, [int(n) for n in sizes.split(",")], Path(folder), args.mode)
-        return
-    sizes = [int(n) for n in args.steps.split(",")]
-    if min(sizes) < 2 or args.rounds < 1:
-        parser.error("--steps must be at least 2 and --rounds at least 1")
-    started = time.perf_counter()
-    work = Path(tempfile.mkdtemp(prefix="lc-bench-", dir=args.work))
-
-    def say(line: str) -> None:
-        print(f"[{time.perf_counter() - started:6.1f}s] {line}", file=sys.stderr, flush=True)
-
-    try:
-        runs = BENCH.timed(sizes, args.rounds, work, say)
-        found = BENCH.kills(sizes, work, say)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    finish(markdown(runs, found, sizes, args.rounds, time.perf_counter() - started), runs,
-           found, sizes, args.out)
+    parser = BENCH.parser(__doc__.splitlines()[0], "benchmarks-langchain.md")
+    BENCH.main(parser, parser.parse_args(), RUNNERS, markdown)
 
 
 if __name__ == "__main__":

@@ -46,13 +46,11 @@ prints the top functions with their ms per tool call.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import cProfile
 import dataclasses
 import importlib.util
 import io
-import json
 import pstats
 import shutil
 import sys
@@ -63,7 +61,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from agent_runs import WARMUP, AgentBench, Go, Killed, Probe, Session, Timed, finish, versions
+from agent_runs import AgentBench, Go, Killed, Probe, Session, Timed, run_each
 from workload import ARG
 
 HAS_DBOS = (importlib.util.find_spec("dbos") is not None
@@ -135,29 +133,10 @@ def build_agent(probe: Probe, system: str) -> Any:
                  tools=[function_tool(work)])
 
 
-async def run_each(probe: Any, sizes: Sequence[int], mode: str,
+async def profiled(probe: Probe, sizes: Sequence[int], mode: str,
                    session: Session) -> dict[int, dict[str, Any]]:
-    """The run of each size, timed, after a warm-up run in ``run`` mode (imports, schema
-    building and first-call costs stay out of the clock); profiled too in a ``--profile``
-    child (the profiler is on only around the timed run)."""
-    if mode == "run":
-        probe.begin(WARMUP, probe.folder / "warm-up")
-        async with session(WARMUP, probe.folder / "warm-up") as go:
-            await go()
-    found: dict[int, dict[str, Any]] = {}
-    for steps in sizes:
-        probe.begin(steps, probe.folder / f"n{steps}")
-        async with session(steps, probe.folder / f"n{steps}") as go:
-            if PROFILER is not None:
-                PROFILER.enable()
-            started, cpu = time.perf_counter(), time.process_time()
-            output = await go()
-            seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
-            if PROFILER is not None:
-                PROFILER.disable()
-        found[steps] = {"seconds": seconds, "cpu_seconds": cpu, "output": output,
-                        "models": probe.models, "tools": probe.tools}
-    return found
+    """:func:`agent_runs.run_each`, under this process's profiler when it has one."""
+    return await run_each(probe, sizes, mode, session, PROFILER)
 
 
 async def run_plain(probe: Probe, sizes: Sequence[int], mode: str) -> dict[int, dict[str, Any]]:
@@ -175,7 +154,7 @@ async def run_plain(probe: Probe, sizes: Sequence[int], mode: str) -> dict[int, 
 
         yield go
 
-    return await run_each(probe, sizes, mode, session)
+    return await profiled(probe, sizes, mode, session)
 
 
 async def run_tether(probe: Probe, sizes: Sequence[int], mode: str
@@ -213,7 +192,7 @@ async def run_tether(probe: Probe, sizes: Sequence[int], mode: str
             assert harness.store is not None  # opened (file and schema) outside the clock,
             yield go  # as DBOS launches before its runs: once per process in real use
 
-    return await run_each(probe, sizes, mode, session)
+    return await profiled(probe, sizes, mode, session)
 
 
 async def run_dbos(probe: Probe, sizes: Sequence[int], mode: str) -> dict[int, dict[str, Any]]:
@@ -248,28 +227,13 @@ async def run_dbos(probe: Probe, sizes: Sequence[int], mode: str) -> dict[int, d
 
     DBOS.launch()
     try:
-        return await run_each(probe, sizes, mode, session)
+        return await profiled(probe, sizes, mode, session)
     finally:
         DBOS.destroy()
 
 
 RUNNERS = {"plain": run_plain, "tether": run_tether, "dbos": run_dbos}
 BENCH = AgentBench(Path(__file__).resolve(), SYSTEMS, LABELS, LEASE)
-
-
-def child(system: str, sizes: Sequence[int], folder: Path, mode: str) -> None:
-    """Run *system* at each size in turn and print one JSON line: per size, the seconds,
-    the answer and this process's counts.
-
-    *mode* ``run``: timed, after a warm-up run; ``cold``: no warm-up, the kill hook armed (it
-    fires only while the marker file exists); ``resume``: finish the run a killed ``cold``
-    process left."""
-    probe = Probe(folder, armed=mode == "cold")
-    found = asyncio.run(RUNNERS[system](probe, sizes, mode))
-    for steps, run in found.items():
-        if run["output"] != f"done {steps}":
-            sys.exit(f"{system}: the run answered {run['output']!r}, expected 'done {steps}'")
-    print(json.dumps({str(steps): run for steps, run in found.items()}))
 
 
 # ---------------------------------------------------------------------------- the profile
@@ -413,14 +377,14 @@ def profile_child(adapter: str, system: str, steps: int, folder: Path, top: int,
                   clock: str, tool: str, save: Path | None) -> None:
     """*system*'s (tether's or the plain run's) timed run of *steps* tool calls, profiled by
     *tool* (the warm-up run outside it), with *adapter*'s agent: this bench's, or
-    ``pydantic_ai_durable.py``'s (its ``run_each`` replaced by this one, which turns the
-    profiler on). Prints the run's times and the top functions by own and by inclusive
+    ``pydantic_ai_durable.py``'s (its ``run_each`` replaced by :func:`profiled`, which turns
+    the profiler on). Prints the run's times and the top functions by own and by inclusive
     time, in ms per tool call."""
     global PROFILER
     if adapter == "pydantic-ai":
         import pydantic_ai_durable as bench
 
-        bench.run_each = run_each  # type: ignore[assignment]
+        bench.run_each = profiled  # type: ignore[assignment]
         probe: Any = bench.Probe(folder)
         runner: Any = bench.RUNNERS[system]
     else:
@@ -496,29 +460,12 @@ def markdown(runs: Timed, found: Killed, sizes: Sequence[int], rounds: int, seco
         " running each N in turn in a fresh store or workflow (`bench/openai_agents_durable.py`)."
         " Temporal's integration for the SDK is not measured: it needs a Temporal server.",
         "", *missing,
-        BENCH.overhead_table(runs, sizes, "seconds"), "",
-        "The same runs on the CPU clock (every thread of the process): less shaken by other"
-        " work on a shared machine, blind to waiting on the disk.", "",
-        BENCH.overhead_table(runs, sizes, "cpu_seconds"), "",
-        "Issue 27's target, on the CPU clock (medians of the table above):", "",
-        BENCH.target_table(runs, sizes), "",
-        "Each system's process SIGKILLed inside tool call k = N/2 (after the call's work, before"
-        " its result is returned), then the same program started again to finish the run; model"
-        " requests and tool calls counted across both processes. The plain run can only start"
-        " over.", "",
-        BENCH.kill_table(runs, found, sizes), "",
-        f"{versions(PACKAGES)}. Ran in {seconds:,.0f} s.",
+        *BENCH.tables(runs, found, sizes, "Issue 27's target", PACKAGES, seconds),
     ])
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", default="10,100,300", help="tool calls per run, comma-separated")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=None,
-                        help="also write the tables there (docs/benchmarks-openai-agents.md,"
-                             " which compare.py copies into docs/benchmarks.md)")
-    parser.add_argument("--work", type=Path, default=None, help="folder for the runs' stores")
+    parser = BENCH.parser(__doc__.splitlines()[0], "benchmarks-openai-agents.md")
     parser.add_argument("--profile", type=int, default=None, metavar="N",
                         help="instead profile tether's run of N tool calls (cProfile)")
     parser.add_argument("--adapter", choices=("openai-agents", "pydantic-ai"),
@@ -534,18 +481,8 @@ def main() -> None:
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                         help="with --profile and cProfile: its clock (CPU: less shaken by a"
                              " loaded machine, blind to waiting on the disk)")
-    parser.add_argument("--child", nargs=3, metavar=("SYSTEM", "STEPS", "FOLDER"),
-                        help=argparse.SUPPRESS)
-    parser.add_argument("--mode", choices=("run", "cold", "resume"), default="run",
-                        help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child:
-        system, sizes, folder = args.child
-        if system not in SYSTEMS:
-            parser.error(f"no system {system}")
-        child(system, [int(n) for n in sizes.split(",")], Path(folder), args.mode)
-        return
-    if args.profile is not None:
+    if args.profile is not None and not args.child:
         folder = Path(tempfile.mkdtemp(prefix="oa-profile-", dir=args.work))
         try:
             profile_child(args.adapter, args.system, args.profile, folder, args.top,
@@ -553,22 +490,7 @@ def main() -> None:
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         return
-    sizes = [int(n) for n in args.steps.split(",")]
-    if min(sizes) < 2 or args.rounds < 1:
-        parser.error("--steps must be at least 2 and --rounds at least 1")
-    started = time.perf_counter()
-    work = Path(tempfile.mkdtemp(prefix="oa-bench-", dir=args.work))
-
-    def say(line: str) -> None:
-        print(f"[{time.perf_counter() - started:6.1f}s] {line}", file=sys.stderr, flush=True)
-
-    try:
-        runs = BENCH.timed(sizes, args.rounds, work, say)
-        found = BENCH.kills(sizes, work, say)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    tables = markdown(runs, found, sizes, args.rounds, time.perf_counter() - started)
-    finish(tables, runs, found, sizes, args.out)
+    BENCH.main(parser, args, RUNNERS, markdown)
 
 
 if __name__ == "__main__":

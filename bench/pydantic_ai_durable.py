@@ -48,20 +48,13 @@ prints markdown tables and exits 0 (1 if a run failed).
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import dataclasses
-import json
-import shutil
-import sys
-import tempfile
-import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from agent_runs import AgentBench, Go, Killed, Probe, Timed, finish, run_each, versions
+from agent_runs import AgentBench, Go, Killed, Probe, Timed, run_each
 from workload import ARG
 
 SYSTEMS = ("plain", "tether", "dbos")
@@ -220,21 +213,6 @@ RUNNERS = {"plain": run_plain, "tether": run_tether, "dbos": run_dbos}
 BENCH = AgentBench(Path(__file__).resolve(), SYSTEMS, LABELS, LEASE)
 
 
-def child(system: str, sizes: Sequence[int], folder: Path, mode: str) -> None:
-    """Run *system* at each size in turn and print one JSON line: per size, the seconds,
-    the answer and this process's counts.
-
-    *mode* ``run``: timed, after a warm-up run; ``cold``: no warm-up, the kill hook armed (it
-    fires only while the marker file exists); ``resume``: finish the run a killed ``cold``
-    process left."""
-    probe = Probe(folder, armed=mode == "cold")
-    found = asyncio.run(RUNNERS[system](probe, sizes, mode))
-    for steps, run in found.items():
-        if run["output"] != f"done {steps}":
-            sys.exit(f"{system}: the run answered {run['output']!r}, expected 'done {steps}'")
-    print(json.dumps({str(steps): run for steps, run in found.items()}))
-
-
 # ---------------------------------------------------------------------------- the parent
 
 
@@ -249,57 +227,13 @@ def markdown(runs: Timed, found: Killed, sizes: Sequence[int], rounds: int, seco
         f" {rounds} interleaved round{'s' if rounds != 1 else ''} (with more than one, their"
         " range in brackets); each system's round its own process, running each N in turn in a"
         " fresh store or workflow (`bench/pydantic_ai_durable.py`).", "",
-        BENCH.overhead_table(runs, sizes, "seconds"), "",
-        "The same runs on the CPU clock (every thread of the process): less shaken by other"
-        " work on a shared machine, blind to waiting on the disk.", "",
-        BENCH.overhead_table(runs, sizes, "cpu_seconds"), "",
-        "Issue 27's target, on the CPU clock (medians of the table above):", "",
-        BENCH.target_table(runs, sizes), "",
-        "Each system's process SIGKILLed inside tool call k = N/2 (after the call's work, before"
-        " its result is returned), then the same program started again to finish the run; model"
-        " requests and tool calls counted across both processes. The plain run can only start"
-        " over.", "",
-        BENCH.kill_table(runs, found, sizes), "",
-        f"{versions(PACKAGES)}. Ran in {seconds:,.0f} s.",
+        *BENCH.tables(runs, found, sizes, "Issue 27's target", PACKAGES, seconds),
     ])
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", default="10,100,300",
-                        help="tool calls per run, comma-separated")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=None,
-                        help="also write the tables there (docs/benchmarks-pydantic-ai.md, which"
-                             " compare.py copies into docs/benchmarks.md)")
-    parser.add_argument("--work", type=Path, default=None, help="folder for the runs' stores")
-    parser.add_argument("--child", nargs=3, metavar=("SYSTEM", "STEPS", "FOLDER"),
-                        help=argparse.SUPPRESS)
-    parser.add_argument("--mode", choices=("run", "cold", "resume"), default="run",
-                        help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        system, sizes, folder = args.child
-        if system not in SYSTEMS:
-            parser.error(f"no system {system}")
-        child(system, [int(n) for n in sizes.split(",")], Path(folder), args.mode)
-        return
-    sizes = [int(n) for n in args.steps.split(",")]
-    if min(sizes) < 2 or args.rounds < 1:
-        parser.error("--steps must be at least 2 and --rounds at least 1")
-    started = time.perf_counter()
-    work = Path(tempfile.mkdtemp(prefix="pai-bench-", dir=args.work))
-
-    def say(line: str) -> None:
-        print(f"[{time.perf_counter() - started:6.1f}s] {line}", file=sys.stderr, flush=True)
-
-    try:
-        runs = BENCH.timed(sizes, args.rounds, work, say)
-        found = BENCH.kills(sizes, work, say)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    tables = markdown(runs, found, sizes, args.rounds, time.perf_counter() - started)
-    finish(tables, runs, found, sizes, args.out)
+    parser = BENCH.parser(__doc__.splitlines()[0], "benchmarks-pydantic-ai.md")
+    BENCH.main(parser, parser.parse_args(), RUNNERS, markdown)
 
 
 if __name__ == "__main__":

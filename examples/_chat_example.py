@@ -6,13 +6,27 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
 import tether as tt
+from tether.testing.fake_openai import FakeOpenAI, Reply, call, reply
 
 Model = dict[str, str]
+
+
+@contextlib.contextmanager
+def scripted_model(script: list[Reply]) -> Iterator[Model]:
+    """The fake model server answering *script* in turn, as a ``--fake`` run's model."""
+    with FakeOpenAI(script) as server:
+        yield {"model": "fake", "base_url": server.url, "api_key": "none"}
+
+
+REFUND_SCRIPT = [reply(tool_calls=[call("lookup", {"order": "A1"})]),
+                 reply(tool_calls=[call("refund", {"order": "A1", "amount": 5})]),
+                 reply("Order A1 arrived broken: I refunded 5 EUR.")]
+"""What the fake model answers the support examples: look A1 up, refund 5, say so."""
 
 
 async def run_task(harness: tt.Harness, agent: str, input: Any, task_id: str) -> tt.TaskInfo:

@@ -14,12 +14,11 @@ crash).
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
-from _chat_example import main, run_task
+from _chat_example import REFUND_SCRIPT, Model, main, run_task, scripted_model
 from langchain.agents import create_agent
 from langchain.tools import ToolRuntime
 from langchain_core.tools import tool
@@ -27,7 +26,6 @@ from langchain_openai import ChatOpenAI
 
 import tether as tt
 from tether.integrations.langchain import KEY, LangChainAgent
-from tether.testing.fake_openai import FakeOpenAI, call, reply
 
 ORDERS = {"A1": {"paid": 40, "state": "arrived broken"}}
 
@@ -55,13 +53,8 @@ def support_agent(model: dict[str, str]) -> Any:
                         system_prompt="You help customers with their orders.")
 
 
-@contextlib.contextmanager
-def fake_model() -> Iterator[dict[str, str]]:
-    script = [reply(tool_calls=[call("lookup", {"order": "A1"})]),
-              reply(tool_calls=[call("refund", {"order": "A1", "amount": 5})]),
-              reply("Order A1 arrived broken: I refunded 5 EUR.")]
-    with FakeOpenAI(script) as server:
-        yield {"model": "fake", "base_url": server.url, "api_key": "none"}
+def fake_model() -> AbstractContextManager[Model]:
+    return scripted_model(REFUND_SCRIPT)
 
 
 async def support(db: str, model: dict[str, str]) -> None:

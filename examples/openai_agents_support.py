@@ -17,10 +17,10 @@ import contextlib
 import json
 import os
 import re
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
-from _chat_example import main, run_task
+from _chat_example import Model, main, run_task, scripted_model
 from agents import (
     Agent,
     GuardrailFunctionOutput,
@@ -34,7 +34,7 @@ from openai import AsyncOpenAI
 
 import tether as tt
 from tether.integrations.openai_agents import OpenAIAgentsAgent, current_call
-from tether.testing.fake_openai import FakeOpenAI, call, reply
+from tether.testing.fake_openai import call, reply
 
 ORDERS = {"A1": {"item": "kettle", "paid": 40, "state": "arrived broken"}}
 refunds: dict[str, int] = {}  # idempotency key -> cents: what a payment provider would keep
@@ -83,14 +83,11 @@ def build(db: str, **model: str) -> tt.Harness:
     return harness
 
 
-@contextlib.contextmanager
-def fake_model() -> Iterator[dict[str, str]]:
-    script = [reply(tool_calls=[call("transfer_to_refunds", {})]),
-              reply(tool_calls=[call("lookup_order", {"order_id": "A1"})]),
-              reply(tool_calls=[call("refund", {"order_id": "A1", "amount": 5})]),
-              reply("Order A1 arrived broken: I refunded 5 EUR.")]
-    with FakeOpenAI(script) as server:
-        yield {"model": "fake", "base_url": server.url, "api_key": "none"}
+def fake_model() -> AbstractContextManager[Model]:
+    return scripted_model([reply(tool_calls=[call("transfer_to_refunds", {})]),
+                           reply(tool_calls=[call("lookup_order", {"order_id": "A1"})]),
+                           reply(tool_calls=[call("refund", {"order_id": "A1", "amount": 5})]),
+                           reply("Order A1 arrived broken: I refunded 5 EUR.")])
 
 
 async def support(db: str, model: dict[str, str]) -> None:

@@ -13,19 +13,17 @@ deduplicate a retry. The lookup is declared idempotent; the refund keeps the saf
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
-from _chat_example import main, run_task
+from _chat_example import REFUND_SCRIPT, Model, main, run_task, scripted_model
 from pydantic_ai import Agent
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
 import tether as tt
 from tether.integrations.pydantic_ai import PydanticAIAgent, current_call
-from tether.testing.fake_openai import FakeOpenAI, call, reply
 
 ORDERS = {"A1": {"paid": 40, "state": "arrived broken"}}
 
@@ -53,13 +51,8 @@ def support_agent(model: dict[str, str]) -> Agent[None, str]:
     return agent
 
 
-@contextlib.contextmanager
-def fake_model() -> Iterator[dict[str, str]]:
-    script = [reply(tool_calls=[call("lookup", {"order": "A1"})]),
-              reply(tool_calls=[call("refund", {"order": "A1", "amount": 5})]),
-              reply("Order A1 arrived broken: I refunded 5 EUR.")]
-    with FakeOpenAI(script) as server:
-        yield {"model": "fake", "base_url": server.url, "api_key": "none"}
+def fake_model() -> AbstractContextManager[Model]:
+    return scripted_model(REFUND_SCRIPT)
 
 
 async def support(db: str, model: dict[str, str]) -> None:

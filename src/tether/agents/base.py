@@ -28,14 +28,16 @@ and the next ones). It holds the contract they all keep:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from tether.agent import Agent, CutOff, DialogPosition, TaskView
 from tether.agents.model_calls import RetryPolicy, with_retries
+from tether.errors import ConfigurationError
 from tether.model import Action, ToolCall, Wait
-from tether.tools import ReconcileFn, check_hook, hook_misfit
+from tether.tools import ReconcileFn, Tool, ToolPolicy, check_hook, hook_misfit
 
 T = TypeVar("T")
 D = TypeVar("D", bound="Decoded")
@@ -127,6 +129,30 @@ class ModelAgent(Agent):
     def forget(self, decoded: Any) -> None:
         """A decoded history is dropped (decoded again, or the oldest kept): an adapter that
         holds something for it (an open framework run) lets it go here."""
+
+    # ------------------------------------------------------------------ the framework's tools
+
+    @staticmethod
+    def checked_policies(tools: Mapping[str, ToolPolicy] | None, known: Iterable[str],
+                         owner: str) -> dict[str, ToolPolicy]:
+        """*tools* (``tools=``), each naming a tool *owner* has: one that names no such tool
+        is refused now, listing the tools there are."""
+        policies = dict(tools or {})
+        names = sorted(known)
+        unknown = sorted(set(policies) - set(names))
+        if unknown:
+            raise ConfigurationError(f"tools= names {', '.join(unknown)}, which {owner} does"
+                                     f" not have (it has: {', '.join(names)})")
+        return policies
+
+    def framework_tool(self, name: str, run: Callable[..., Awaitable[Any]], policy: ToolPolicy,
+                       reconcile: ReconcileFn | None) -> Tool:
+        """The tether tool ``<agent>.<name>`` that runs a framework's tool through *run*, with
+        *policy*'s flags and *reconcile* (the policy's hook, wrapped by the adapter)."""
+        tool = dataclasses.replace(policy, reconcile=None).tool(run, f"{self.name}.{name}")
+        if reconcile is not None:
+            tool.reconcile(reconcile)
+        return tool
 
     # ------------------------------------------------------------------ approvals
 

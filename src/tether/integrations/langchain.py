@@ -35,7 +35,6 @@ What tether cannot keep is refused when the agent is made (:func:`unmapped`), na
 
 from __future__ import annotations
 
-import dataclasses
 import typing
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, cast
@@ -127,11 +126,7 @@ class LangChainAgent(ModelAgent):
         self.context = context
         self.config = dict(config or {})
         self.approval_timeout = approval_timeout
-        self.policies = dict(tools or {})
-        unknown = sorted(set(self.policies) - set(self.tools))
-        if unknown:
-            raise ConfigurationError(f"tools= names {', '.join(unknown)}, which the agent does"
-                                     f" not have (it has: {', '.join(sorted(self.tools))})")
+        self.policies = self.checked_policies(tools, self.tools, "the agent")
         self.reconcilers: dict[str, ReconcileFn] = {
             name: _reconciler(name, self.tools[name], policy.reconcile)
             for name, policy in self.policies.items() if policy.reconcile is not None}
@@ -155,11 +150,8 @@ class LangChainAgent(ModelAgent):
             return await self._run_tool(ctx, name, call_id, args)
 
         run.__doc__ = f"LangChain tool {name}, run through tether."
-        policy = self.policies.get(name, ToolPolicy())
-        tool = dataclasses.replace(policy, reconcile=None).tool(run, f"{self.name}.{name}")
-        if name in self.reconcilers:
-            tool.reconcile(self.reconcilers[name])
-        return tool
+        return self.framework_tool(name, run, self.policies.get(name, ToolPolicy()),
+                                   self.reconcilers.get(name))
 
     def _refused(self, name: str, approval: Mapping[str, Any]) -> str | None:
         """Why a person's answer does not let the call run (None: it runs, with the edited

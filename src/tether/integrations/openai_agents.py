@@ -117,11 +117,7 @@ class OpenAIAgentsAgent(ModelAgent):
         self.agents = _agents(agent)
         self.tools, self.owners = _function_tools(self.agents.values())
         _check(self.agents.values(), self.run_config)
-        self.policies = dict(tools or {})
-        unknown = sorted(set(self.policies) - set(self.tools))
-        if unknown:
-            raise ConfigurationError(f"tools= names {', '.join(unknown)}, which the SDK agents do"
-                                     f" not have (they have: {', '.join(sorted(self.tools))})")
+        self.policies = self.checked_policies(tools, self.tools, "the SDK agent graph")
         self.reconcilers: dict[str, ReconcileFn] = {
             name: _reconciler(name, self.tools[name], policy.reconcile)
             for name, policy in self.policies.items() if policy.reconcile is not None}
@@ -143,11 +139,8 @@ class OpenAIAgentsAgent(ModelAgent):
             return await self._run_tool(ctx, name, call_id, arguments)
 
         run.__doc__ = f"Agents SDK tool {name}, run through tether."
-        policy = self.policies.get(name, ToolPolicy())
-        tool = dataclasses.replace(policy, reconcile=None).tool(run, f"{self.name}.{name}")
-        if name in self.reconcilers:
-            tool.reconcile(self.reconcilers[name])
-        return tool
+        return self.framework_tool(name, run, self.policies.get(name, ToolPolicy()),
+                                   self.reconcilers.get(name))
 
     @property
     def _guard_name(self) -> str:

@@ -162,10 +162,7 @@ class PydanticAIAgent(ModelAgent):
             if hasattr(toolset, "process_tool_call"):  # an MCPToolset
                 _send_key(toolset)
         functions = self._function_tools()
-        unknown = sorted(set(self.policies) - set(functions))
-        if unknown:
-            raise ConfigurationError(f"tools= names {', '.join(unknown)}, which the PydanticAI"
-                                     f" agent does not have (it has: {', '.join(sorted(functions))})")
+        self.checked_policies(self.policies, functions, "the PydanticAI agent")
         self.reconcilers: dict[str, ReconcileFn] = {
             name: _reconciler(name, functions[name], policy.reconcile)
             for name, policy in self.policies.items() if policy.reconcile is not None}
@@ -187,10 +184,7 @@ class PydanticAIAgent(ModelAgent):
         return tools
 
     def _tool(self, policy: ToolPolicy, fn: Any, name: str) -> Tool:
-        tool = dataclasses.replace(policy, reconcile=None).tool(fn, f"{self.name}.{name}")
-        if name in self.reconcilers:
-            tool.reconcile(self.reconcilers[name])
-        return tool
+        return self.framework_tool(name, fn, policy, self.reconcilers.get(name))
 
     def _other_toolsets(self) -> list[Any]:
         return [t for t in self.agent.toolsets if not isinstance(t, FunctionToolset)]
