@@ -42,6 +42,7 @@ from tether.harness import Harness, TaskInfo
 from tether.model import (
     Action,
     CancelSubtask,
+    Continue,
     EmitReceipt,
     Event,
     Fail,
@@ -68,6 +69,7 @@ __all__ = [
     "CallInFlight",
     "CancelSubtask",
     "ConfigurationError",
+    "Continue",
     "CorruptSnapshot",
     "CorruptStore",
     "CutOff",

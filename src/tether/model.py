@@ -290,6 +290,16 @@ class Fail:
 
 
 @dataclass(frozen=True)
+class Continue:
+    """This plan did a step of the agent's own (a graph's super-step), kept in its scratch:
+    commit it and plan again. A resume point between an agent's steps that call no tool, so a
+    worker killed in step *n* starts again at step *n*, not at the first. *note*, if given, is
+    kept in the dialog (a ``system`` row) for people reading the task."""
+
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class Replan:
     """Only from ``on_event``: drop this frame's recorded actions that have not started (and
     its wait), and plan again. For an amended instruction that makes the planned call wrong."""
@@ -308,7 +318,7 @@ class CancelSubtask:
     reason: str = ""
 
 
-Action = ToolCall | Spawn | Wait | Reply | Finish | Fail | Replan | CancelSubtask
+Action = ToolCall | Spawn | Wait | Reply | Finish | Fail | Continue | Replan | CancelSubtask
 ACTION_KINDS: dict[str, type[Any]] = {
     "tool_call": ToolCall,
     "spawn": Spawn,
@@ -316,6 +326,7 @@ ACTION_KINDS: dict[str, type[Any]] = {
     "reply": Reply,
     "finish": Finish,
     "fail": Fail,
+    "continue": Continue,
     "replan": Replan,
     "cancel_subtask": CancelSubtask,
 }
@@ -326,7 +337,7 @@ def action_to_dict(action: Action) -> dict[str, Any]:
     if type(action) not in _KIND_OF:
         raise InvalidInput(
             f"an agent returned {action!r:.120}, which is not an action "
-            "(ToolCall, Spawn, Wait, Reply, Finish or Fail)"
+            "(ToolCall, Spawn, Wait, Reply, Finish, Fail or Continue)"
         )
     body = {f.name: getattr(action, f.name) for f in dataclasses.fields(action)}
     return {"kind": _KIND_OF[type(action)], **to_plain(body)}

@@ -473,7 +473,7 @@ KEY_IN_META = "tether.dev/idempotency-key"
 """Where a call's idempotency key travels in an MCP request's ``_meta``, so a server that
 deduplicates by it does (``tether.integrations.mcp``, and MCP toolsets on PydanticAI agents)."""
 
-CALL_IDS = frozenset({"tool_call_id", "call_id"})
+CALL_IDS = frozenset({"tool_call_id", "call_id", "interrupt_id"})
 """Arguments a framework integration adds to name the model's call: not part of what the
 call does, so the same call planned twice compares equal without them."""
 

@@ -147,18 +147,24 @@ class ModelAgent(Agent):
 
     def framework_tool(self, name: str, run: Callable[..., Awaitable[Any]], policy: ToolPolicy,
                        reconcile: ReconcileFn | None) -> Tool:
-        """The tether tool ``<agent>.<name>`` that runs a framework's tool through *run*, with
-        *policy*'s flags and *reconcile* (the policy's hook, wrapped by the adapter)."""
-        tool = dataclasses.replace(policy, reconcile=None).tool(run, f"{self.name}.{name}")
-        if reconcile is not None:
-            tool.reconcile(reconcile)
-        return tool
+        """The tether tool ``<agent>.<name>`` that runs a framework's tool through *run*."""
+        return framework_tool(f"{self.name}.{name}", run, policy, reconcile)
 
     # ------------------------------------------------------------------ approvals
 
     async def prepare(self, task: TaskView, action: Action) -> Action:
         """A call that waited for approval carries the person's answer when it runs."""
         return with_approval(action, task)
+
+
+def framework_tool(name: str, run: Callable[..., Awaitable[Any]], policy: ToolPolicy,
+                   reconcile: ReconcileFn | None) -> Tool:
+    """The tether tool *name* that runs a framework's tool through *run*, with *policy*'s
+    flags and *reconcile* (the policy's hook, wrapped by the adapter)."""
+    tool = dataclasses.replace(policy, reconcile=None).tool(run, name)
+    if reconcile is not None:
+        tool.reconcile(reconcile)
+    return tool
 
 
 def approval_wait(timeout: float | None) -> Wait:

@@ -88,9 +88,11 @@ def identity(tool: str, args: Mapping[str, Any]) -> str:
     return f"{tool}:{args_hash(tool, _what(args))[:16]}"
 
 
-FRAMEWORK_CALL = frozenset({"tool_call_id", "call_id", "args", "arguments", "approval", "tool"})
+FRAMEWORK_CALL = frozenset({"tool_call_id", "call_id", "interrupt_id", "args", "arguments", "approval",
+                            "tool"})
 """The arguments of a framework's tool as tether's integrations call it: the model's call id
-(PydanticAI's ``tool_call_id``, the Agents SDK's and LangChain's ``call_id``), the model's
+(PydanticAI's ``tool_call_id``, the Agents SDK's and LangChain's ``call_id``, the LangGraph
+``interrupt()`` a graph's call waits in, ``interrupt_id``), the model's
 arguments (``args``, or the Agents SDK's JSON text ``arguments``) and what tether adds."""
 
 

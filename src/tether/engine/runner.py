@@ -42,6 +42,7 @@ from tether.model import (
     AgendaEntry,
     CallState,
     CallStatus,
+    Continue,
     Event,
     EventStatus,
     Fail,
@@ -398,6 +399,8 @@ class Runner:
             await recovery.ask_check_wait(self)  # it may already have happened (R16)
         elif isinstance(action, Finish | Fail):
             self.pop_frame(action, by)
+        elif isinstance(action, Continue) and action.note:
+            self.append_history(dialog.system("continue", note=action.note, **by))
         self._unsaved_steps += 1
         if self._unsaved_steps >= self.settings.checkpoint_every_steps or \
                 self.snap.status is not Status.RUNNING:

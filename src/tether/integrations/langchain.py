@@ -120,15 +120,15 @@ class LangChainAgent(ModelAgent):
             raise ConfigurationError("tether cannot run this LangChain agent durably: "
                                      + "; ".join(problems))
         self.graph = agent
-        self.tool_nodes = _tool_nodes(agent)
-        self.tools, self.owners = _tools(self.tool_nodes)
+        self.tool_nodes = tool_nodes_of(agent)
+        self.tools, self.owners = tools_of(self.tool_nodes)
         self.approvals, self.stops = _approvals(agent)
         self.context = context
         self.config = dict(config or {})
         self.approval_timeout = approval_timeout
         self.policies = self.checked_policies(tools, self.tools, "the agent")
         self.reconcilers: dict[str, ReconcileFn] = {
-            name: _reconciler(name, self.tools[name], policy.reconcile)
+            name: reconciler(name, self.tools[name], policy.reconcile)
             for name, policy in self.policies.items() if policy.reconcile is not None}
 
     # ------------------------------------------------------------------ registration
@@ -257,7 +257,7 @@ class LangChainAgent(ModelAgent):
                 {"__type": "tool_call_with_context", "tool_call": call, "state": {"messages": []}},
                 self._config(ctx.idempotency_key),
                 runtime=Runtime(context=self.context, store=self.graph.store))
-        return _only_message(output, name, call_id)
+        return only_message(output, name, call_id)
 
 
 LangGraphAgent = LangChainAgent
@@ -283,7 +283,7 @@ def unmapped(agent: Any) -> Iterator[str]:
     if extra:
         yield (f"its state has {', '.join(extra)} beside messages, which tether does not keep"
                " between model turns")
-    for tool_node in _tool_nodes(agent).values():
+    for tool_node in tool_nodes_of(agent).values():
         yield from (f"tool {name} returns a Command (graph state tether does not keep)"
                     for name, tool in tool_node.tools_by_name.items() if _returns_command(tool))
     for node in agent.nodes:
@@ -315,7 +315,7 @@ def _unmapped_approvals(agent: CompiledStateGraph[Any, Any, Any, Any]) -> Iterat
                    f" {middleware.name} before it")
 
 
-def _tool_nodes(agent: CompiledStateGraph[Any, Any, Any, Any]) -> dict[str, ToolNode]:
+def tool_nodes_of(agent: CompiledStateGraph[Any, Any, Any, Any]) -> dict[str, ToolNode]:
     """The graph's ``ToolNode``s by node name: tether stops the graph before them and runs
     their calls itself, one tether call each."""
     bound = {name: getattr(node, "bound", None) for name, node in agent.nodes.items()}
@@ -332,7 +332,7 @@ def _returns_command(tool: BaseTool) -> bool:
     return returned is Command or typing.get_origin(returned) is Command
 
 
-def _tools(nodes: Mapping[str, ToolNode]) -> tuple[dict[str, BaseTool], dict[str, str]]:
+def tools_of(nodes: Mapping[str, ToolNode]) -> tuple[dict[str, BaseTool], dict[str, str]]:
     """Every tool of the graph's tool nodes by name, and the node that runs it."""
     tools: dict[str, BaseTool] = {}
     owners: dict[str, str] = {}
@@ -485,7 +485,7 @@ def _record(task: TaskView, answer: AIMessage | None, recorded: Sequence[BaseMes
                            messages=[dumped(m) for m in [*recorded, *extra]])
 
 
-def _only_message(output: Any, name: str, call_id: str) -> dict[str, Any]:
+def only_message(output: Any, name: str, call_id: str) -> dict[str, Any]:
     """The one tool message a ToolNode run of one call gave, as plain data."""
     messages = output.get("messages") if isinstance(output, Mapping) else output
     if isinstance(messages, ToolMessage):
@@ -503,7 +503,7 @@ def _only_message(output: Any, name: str, call_id: str) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- reconcile hooks
 
 
-def _reconciler(name: str, tool: BaseTool, hook: ReconcileFn) -> ReconcileFn:
+def reconciler(name: str, tool: BaseTool, hook: ReconcileFn) -> ReconcileFn:
     """*hook* of the LangChain tool *name*, checked against it now and wrapped as tether's
     tool is called: with the model's call (see :data:`CALL`)."""
     params = convert_to_openai_tool(tool)["function"].get("parameters") or {}  # the model's
