@@ -29,7 +29,8 @@ own compiled graph one model turn at a time instead:
   task runs here; a P1 message reaches the next model turn.
 
 A hand-built graph runs the same way when its state is its ``messages`` and its tools run in
-``ToolNode``s (``LangGraphAgent`` is the same class): tether stops it before every tool node.
+``ToolNode``s: tether stops it before every tool node. Any other graph runs under
+:class:`tether.integrations.langgraph.LangGraphAgent`, one super-step at a time.
 What tether cannot keep is refused when the agent is made (:func:`unmapped`), naming it.
 """
 
@@ -79,7 +80,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise MissingExtra("the LangChain integration needs langchain and langgraph",
                        "langchain") from exc
 
-__all__ = ["KEY", "LangChainAgent", "LangGraphAgent", "current_call", "messages_of", "unmapped"]
+__all__ = ["KEY", "LangChainAgent", "current_call", "messages_of", "unmapped"]
 
 KEY = "tether_idempotency_key"
 """The ``config["configurable"]`` (and ``metadata``) entry holding a tool call's key."""
@@ -258,10 +259,6 @@ class LangChainAgent(ModelAgent):
                 self._config(ctx.idempotency_key),
                 runtime=Runtime(context=self.context, store=self.graph.store))
         return only_message(output, name, call_id)
-
-
-LangGraphAgent = LangChainAgent
-"""The same adapter, by the name a hand-built graph's author looks for."""
 
 
 # ---------------------------------------------------------------------------- the graph

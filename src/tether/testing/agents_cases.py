@@ -202,7 +202,7 @@ def build_langgraph(h: tt.Harness, shop: Shop, endpoint: Endpoint) -> None:
     from langgraph.graph import START, MessagesState, StateGraph
     from langgraph.prebuilt import ToolNode, tools_condition
 
-    from tether.integrations.langchain import LangGraphAgent
+    from tether.integrations.langchain import LangChainAgent
 
     tools, chat = _langchain_shop(shop, endpoint)
     model = chat.bind_tools(tools)
@@ -216,7 +216,7 @@ def build_langgraph(h: tt.Harness, shop: Shop, endpoint: Endpoint) -> None:
     graph.add_edge(START, "agent")
     graph.add_conditional_edges("agent", tools_condition)
     graph.add_edge("tools", "agent")
-    h.add_agent(AGENT, LangGraphAgent(graph.compile(), tools=_langchain_policies(shop)))
+    h.add_agent(AGENT, LangChainAgent(graph.compile(), tools=_langchain_policies(shop)))
 
 
 LANGGRAPH = AdapterCase(
