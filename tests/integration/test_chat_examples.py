@@ -25,3 +25,13 @@ def test_chat_example_completes_under_the_fake_model(tmp_path: Path, script: str
                           str(tmp_path / "x.db")], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("completed: ") and expected in run.stdout
+
+
+def test_the_langgraph_example_waits_for_a_person_then_completes(tmp_path: Path) -> None:
+    """The hand-built graph example needs no model: it charges once, waits, ships."""
+    run = subprocess.run([sys.executable, str(EXAMPLES / "langgraph_orders.py"), "--db",
+                          str(tmp_path / "x.db")], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == [
+        "waiting: a person is asked",
+        "completed: checked A1; charged 40 EUR (R-A1); approved by ops; shipped A1"]
