@@ -130,8 +130,16 @@ async def run_each(probe: Probe, sizes: Sequence[int], mode: str, session: Sessi
             if profiler is not None:
                 profiler.disable()
         found[steps] = {"seconds": seconds, "cpu_seconds": cpu, "output": output,
-                        "models": probe.models, "tools": probe.tools}
+                        "models": probe.models, "tools": probe.tools,
+                        "stored_bytes": stored_bytes(probe.folder / f"n{steps}")}
     return found
+
+
+def stored_bytes(folder: Path) -> int:
+    """What a run's store holds on disk once closed: its SQLite files and their WAL (0 for a
+    store kept elsewhere, a server's or one shared by every run of the process)."""
+    return sum(f.stat().st_size for f in folder.iterdir()
+               if f.is_file() and f.name.endswith((".db", ".sqlite", "-wal")))
 
 
 Runner = Callable[[Probe, Sequence[int], str], Awaitable[dict[int, dict[str, Any]]]]
@@ -254,6 +262,21 @@ class AgentBench:
                          *(overhead_ratio(runs, n, clock, self.peer) for n in sizes)])
         return table(head, rows)
 
+    def bytes_table(self, runs: Timed, sizes: Sequence[int]) -> str:
+        """Per system whose store is the run's own: bytes kept per tool call at each N."""
+        head = ["system", *(f"N={n}: bytes kept per tool call" for n in sizes)]
+        rows = []
+        for system in self.systems:
+            cells = [self.labels[system]]
+            for steps in sizes:
+                found = runs[system].get(steps)
+                kept = [r.get("stored_bytes", 0) / steps for r in found or []] \
+                    if isinstance(found, list) else []
+                cells.append(spread(kept, 0) if kept and min(kept) > 0 else "-")
+            if any(cell != "-" for cell in cells[1:]):
+                rows.append(cells)
+        return table(head, rows)
+
     def kill_table(self, runs: Timed, found: Killed, sizes: Sequence[int]) -> str:
         """Model requests and tool calls of a killed and restarted run beside an uninterrupted
         one (the first timed round's, counted the same way)."""
@@ -287,6 +310,10 @@ class AgentBench:
             self.overhead_table(runs, sizes, "cpu_seconds"), "",
             f"{target}, on the CPU clock (medians of the table above):", "",
             self.target_table(runs, sizes), "",
+            "What each run's store keeps on disk once closed (its SQLite file and WAL), per tool"
+            " call: flat as N grows when a step stores only what it added (\"-\": a store that"
+            " is not the run's own).", "",
+            self.bytes_table(runs, sizes), "",
             "Each system's process SIGKILLed inside tool call k = N/2 (after the call's work,"
             " before its result is returned), then the same program started again to finish"
             " the run; model requests and tool calls counted across both processes. The plain"

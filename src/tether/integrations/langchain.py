@@ -411,6 +411,12 @@ class _Partial(BaseCallbackHandler):
     def text(self) -> str:
         return "".join(self.pieces)
 
+    def on_chat_model_start(self, serialized: dict[str, Any], messages: list[list[BaseMessage]],
+                            **kwargs: Any) -> None:
+        """Nothing to do; defined because a handler without it is sent ``on_llm_start``
+        instead, with the whole conversation written out as text on every model turn (a
+        cost that grows with the conversation)."""
+
     def on_llm_new_token(self, token: str | list[str | dict[str, Any]], *, chunk: Any = None,
                          run_id: Any = None, **kwargs: Any) -> None:
         if run_id != self.run:
