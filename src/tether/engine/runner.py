@@ -399,8 +399,10 @@ class Runner:
             await recovery.ask_check_wait(self)  # it may already have happened (R16)
         elif isinstance(action, Finish | Fail):
             self.pop_frame(action, by)
-        elif isinstance(action, Continue) and action.note:
-            self.append_history(dialog.system("continue", note=action.note, **by))
+        elif isinstance(action, Continue):
+            if action.note:
+                self.append_history(dialog.system("continue", note=action.note, **by))
+            return  # committed with the plan that returned it; the next plan's commit keeps this
         self._unsaved_steps += 1
         if self._unsaved_steps >= self.settings.checkpoint_every_steps or \
                 self.snap.status is not Status.RUNNING:

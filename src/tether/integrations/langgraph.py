@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any, cast
@@ -78,6 +79,8 @@ UNDER = "tether_graph"
 CALL = "tether_call"
 """The key of an ``interrupt()`` value that asks tether to make a call."""
 QUESTION_QUOTED = 2000
+SAVERS_KEPT = 64
+"""Tasks whose checkpoint a process keeps loaded between plans (the newest ones)."""
 _MAKING: ContextVar[bool] = ContextVar("tether_langgraph_making_call", default=False)
 """Set while tether makes a call itself (the ToolNode's wrapper then lets it through)."""
 
@@ -180,6 +183,7 @@ class LangGraphAgent(Agent):
         self.policies = ModelAgent.checked_policies(
             tools, [*self.node_tools, *self.functions], "the graph")
         self.nodes = [n for n in graph.nodes if n != START]
+        self._savers: dict[str, tuple[str, TaskSaver]] = {}
 
     # ------------------------------------------------------------------ registration
 
@@ -233,27 +237,40 @@ class LangGraphAgent(Agent):
     # ------------------------------------------------------------------ planning
 
     async def plan(self, task: TaskView) -> Action | list[Action]:
-        saver = TaskSaver.from_plain(task.scratch.get("graph"))
-        graph = self.graph.copy(update={"checkpointer": saver})
-        config = self._config(task.task_id)
         awaiting = task.scratch.pop("awaiting", None)
-        if not saver.started():
-            ran = await self._step(graph, config, task.input)
-        elif awaiting is not None and (answer := _answer(task, awaiting)) is not _NONE:
-            ran = await self._step(graph, config, Command(resume={awaiting["id"]: answer}))
-        elif awaiting is None:
-            ran = await self._step(graph, config, None)
-        else:
-            ran = None  # the call or the wait was set aside (a newer message): ask again
+        answer = _answer(task, awaiting) if awaiting is not None else None
+        if answer is _NONE:  # the call or the wait was set aside (a newer message): ask again
+            assert awaiting is not None
+            return self._asked(task, awaiting["id"], awaiting["value"])
+        saver = self._saver(task)
+        graph = self.graph.copy(update={"checkpointer": saver})
+        given = task.input if not saver.started() else \
+            Command(resume={awaiting["id"]: answer}) if awaiting is not None else None
+        values, ran, asked, stopped = await self._step(graph, task.task_id, given)
         task.scratch["graph"] = saver.plain()
-        state = await graph.aget_state(config)
-        pending = [i for t in state.tasks for i in t.interrupts]
-        if pending:
-            return self._asked(task, pending[0])
-        if not state.next:
-            return Finish(pydantic_core.to_jsonable_python(
-                ran[0] if ran else state.values, fallback=str))
-        return Continue(note=f"ran {', '.join(ran[1])}" if ran and ran[1] else "")
+        task.scratch["graph_nonce"] = nonce = uuid.uuid4().hex
+        self._keep(task.task_id, nonce, saver)
+        if asked:
+            return self._asked(task, asked[0].id, asked[0].value)
+        if not stopped:
+            return Finish(pydantic_core.to_jsonable_python(values, fallback=str))
+        return Continue(note=f"ran {', '.join(ran)}" if ran else "")
+
+    def _saver(self, task: TaskView) -> TaskSaver:
+        """The task's checkpoint: the saver this process kept from the task's last plan if
+        the scratch is the one that plan wrote (its nonce), else read from the scratch (a
+        load, a rollback, a fork, a plan that failed, another worker's step). Taken out of
+        the cache, so a plan that fails leaves nothing stale behind."""
+        kept = self._savers.pop(task.task_id, None)
+        nonce = task.scratch.get("graph_nonce")
+        if kept is not None and nonce is not None and kept[0] == nonce:
+            return kept[1]
+        return TaskSaver.from_plain(task.scratch.get("graph"))
+
+    def _keep(self, task_id: str, nonce: str, saver: TaskSaver) -> None:
+        self._savers[task_id] = (nonce, saver)
+        while len(self._savers) > SAVERS_KEPT:
+            self._savers.pop(next(iter(self._savers)))
 
     def _config(self, task_id: str) -> RunnableConfig:
         config = cast(RunnableConfig, dict(self.config))
@@ -261,36 +278,42 @@ class LangGraphAgent(Agent):
                                   UNDER: True}
         return config
 
-    async def _step(self, graph: CompiledStateGraph[Any, Any, Any, Any],
-                    config: RunnableConfig, given: Any) -> tuple[Any, list[str]]:
-        """Run one super-step: the graph's output after it, and the nodes that finished."""
+    async def _step(self, graph: CompiledStateGraph[Any, Any, Any, Any], task_id: str,
+                    given: Any) -> tuple[Any, list[str], list[Interrupt], bool]:
+        """Run one super-step: the graph's output after it, the nodes that finished, the
+        interrupts it raised, and whether it stopped (rather than ended)."""
         values: Any = None
         ran: list[str] = []
+        asked: list[Interrupt] = []
+        stopped = False
         modes: list[StreamMode] = ["values", "updates"]
-        async for mode, chunk in graph.astream(given, config, context=self.context,
-                                               interrupt_before=self.nodes,
-                                               stream_mode=modes):
+        async for mode, chunk in graph.astream(given, self._config(task_id),
+                                               context=self.context,
+                                               interrupt_before=self.nodes, stream_mode=modes):
             if mode == "values":
                 values = chunk
+            elif "__interrupt__" in (updates := cast(dict[str, Any], chunk)):
+                stopped = True
+                asked += updates["__interrupt__"]
             else:
-                ran += [n for n in chunk if not n.startswith("__")]
-        return values, ran
+                ran += [n for n in updates if not n.startswith("__")]
+        return values, ran, asked, stopped
 
-    def _asked(self, task: TaskView, asked: Interrupt) -> Action | list[Action]:
+    def _asked(self, task: TaskView, interrupt_id: str, value: Any) -> Action | list[Action]:
         """What the graph waits for: a call tether makes, or a person's answer."""
-        value = asked.value
         call = value.get(CALL) if isinstance(value, Mapping) else None
         if isinstance(call, Mapping):
-            task.scratch["awaiting"] = {"id": asked.id, "kind": "call"}
+            task.scratch["awaiting"] = {"id": interrupt_id, "kind": "call", "value": value}
             if "function" in call:
                 return ToolCall(f"{self.name}.{call['function']}",
-                                {"interrupt_id": asked.id, "args": dict(call["args"])})
+                                {"interrupt_id": interrupt_id, "args": dict(call["args"])})
             return ToolCall(f"{self.name}.{call['tool']}", {
-                "interrupt_id": asked.id, "call_id": call["call_id"], "args": dict(call["args"])})
-        task.scratch["awaiting"] = {"id": asked.id, "kind": "person",
+                "interrupt_id": interrupt_id, "call_id": call["call_id"],
+                "args": dict(call["args"])})
+        value = pydantic_core.to_jsonable_python(value, fallback=str)
+        task.scratch["awaiting"] = {"id": interrupt_id, "kind": "person", "value": value,
                                     "seen": pydantic_core.to_jsonable_python(task.last_event)}
-        question = value if isinstance(value, str) else pydantic_core.to_json(
-            value, fallback=str).decode()
+        question = value if isinstance(value, str) else pydantic_core.to_json(value).decode()
         return [Reply(clip(question, QUESTION_QUOTED)),
                 Wait("approval", timeout=self.approval_timeout)]
 

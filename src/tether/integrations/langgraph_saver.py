@@ -42,7 +42,8 @@ __all__ = ["TaskSaver"]
 class TaskSaver(BaseCheckpointSaver[Any]):
     """The newest checkpoint of one task's graph, per namespace, made from and back into
     plain data (:meth:`plain`, :meth:`from_plain`). One saver serves one task: the thread id
-    is not looked at."""
+    is not looked at. A channel's value is kept serialised, with its text once made, so a
+    step encodes only the channels it changed."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -57,7 +58,7 @@ class TaskSaver(BaseCheckpointSaver[Any]):
             saver.entries[ns] = {
                 "id": entry["id"], "parent": entry.get("parent"),
                 "checkpoint": _typed(entry["checkpoint"]), "metadata": _typed(entry["metadata"]),
-                "blobs": {channel: (version, _typed(blob))
+                "blobs": {channel: (version, _typed(blob), blob)
                           for channel, (version, blob) in entry["blobs"].items()},
                 "writes": {(w[0], w[1]): (w[0], w[2], _typed(w[3]), w[4])
                            for w in entry["writes"]}}
@@ -67,8 +68,8 @@ class TaskSaver(BaseCheckpointSaver[Any]):
         """Every namespace's newest checkpoint as JSON data (what the task's scratch keeps)."""
         return {ns: {"id": e["id"], "parent": e["parent"],
                      "checkpoint": _text(e["checkpoint"]), "metadata": _text(e["metadata"]),
-                     "blobs": {channel: [version, _text(blob)]
-                               for channel, (version, blob) in e["blobs"].items()},
+                     "blobs": {channel: [version, text or _text(blob)]
+                               for channel, (version, blob, text) in e["blobs"].items()},
                      "writes": [[task, idx, channel, _text(value), path]
                                 for (task, idx), (_, channel, value, path) in e["writes"].items()]}
                 for ns, e in self.entries.items()}
@@ -88,7 +89,7 @@ class TaskSaver(BaseCheckpointSaver[Any]):
             return None
         checkpoint: Checkpoint = self.serde.loads_typed(entry["checkpoint"])
         checkpoint["channel_values"] = {
-            channel: self.serde.loads_typed(blob) for channel, (version, blob)
+            channel: self.serde.loads_typed(blob) for channel, (version, blob, _)
             in entry["blobs"].items()
             if checkpoint["channel_versions"].get(channel) == version and blob[0] != "empty"}
         stored = entry["writes"]
@@ -119,7 +120,7 @@ class TaskSaver(BaseCheckpointSaver[Any]):
                  if checkpoint["channel_versions"].get(channel) == blob[0]}
         for channel, version in new_versions.items():
             blobs[channel] = (version, self.serde.dumps_typed(values[channel])
-                              if channel in values else ("empty", b""))
+                              if channel in values else ("empty", b""), None)
         self.entries[ns] = {
             "id": checkpoint["id"], "parent": config["configurable"].get("checkpoint_id"),
             "checkpoint": self.serde.dumps_typed(kept),
