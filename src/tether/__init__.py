@@ -8,6 +8,7 @@ tool call, idempotency keys, bounded recovery and a needs-a-person path.
 from tether.agent import Agent, CutOff, Fallback, TaskView
 from tether.errors import (
     CallInFlight,
+    CallNotMade,
     ConfigurationError,
     CorruptSnapshot,
     CorruptStore,
@@ -67,6 +68,7 @@ __all__ = [
     "Action",
     "Agent",
     "CallInFlight",
+    "CallNotMade",
     "CancelSubtask",
     "ConfigurationError",
     "Continue",

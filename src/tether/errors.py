@@ -152,6 +152,11 @@ class NotRetryable(TetherError):
     """Raise this from a tool to stop its retries: the failure will not go away by itself."""
 
 
+class CallNotMade(TetherError):
+    """Raised where a graph's node made a call that a person told tether to skip (``decide
+    skip``): the call was not made, and the node may handle that or fail."""
+
+
 class ResultUnusable(TetherError):
     """Raise this from a tool (or an adapter running one) that ran but whose result cannot be
     kept: running it again would repeat what it did, so the call is recorded as done, not

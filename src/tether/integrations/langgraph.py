@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any, cast
@@ -44,7 +43,7 @@ import pydantic_core
 from tether.agent import Agent, TaskView
 from tether.agents.base import ModelAgent, framework_tool
 from tether.agents.prompt import clip
-from tether.errors import ConfigurationError, MissingExtra
+from tether.errors import CallNotMade, ConfigurationError, MissingExtra
 from tether.integrations.langchain import only_message, reconciler, tool_nodes_of, tools_of
 from tether.integrations.langgraph_saver import TaskSaver
 from tether.model import Action, Continue, Finish, Reply, ToolCall, Wait
@@ -60,11 +59,12 @@ from tether.tools import (
 )
 
 try:
-    from langchain_core.messages import messages_from_dict
+    from langchain_core.messages import ToolMessage, messages_from_dict
     from langchain_core.runnables import RunnableConfig
     from langgraph.channels.delta import DeltaChannel
     from langgraph.config import get_config
     from langgraph.constants import START
+    from langgraph.errors import GraphInterrupt
     from langgraph.graph.state import CompiledStateGraph
     from langgraph.prebuilt.tool_node import ToolCallRequest
     from langgraph.runtime import Runtime
@@ -92,9 +92,28 @@ def _under_tether(config: Mapping[str, Any] | None) -> bool:
     return not _MAKING.get() and bool(((config or {}).get("configurable") or {}).get(UNDER))
 
 
+_ASKED: ContextVar[set[str] | None] = ContextVar("tether_langgraph_asked", default=None)
+"""The ids of the interrupts tether's own code raised in the super-step running: only those
+are calls to make. (An ``interrupt()`` value is data, and data can be made to look like a
+call: one a node raises with a user's text must never make a call.)"""
+SKIPPED = "tether_not_made"
+"""The key of the answer a node gets for a call a person told tether to skip."""
+
+
 def _ask(call: dict[str, Any]) -> Any:
-    """Suspend the node until tether has made *call*; its result (the node re-runs)."""
-    return interrupt({CALL: call})
+    """Suspend the node until tether has made *call*; its result (the node re-runs). A call
+    a person skipped raises :class:`tether.CallNotMade` here, in the node."""
+    try:
+        answer = interrupt({CALL: call})
+    except GraphInterrupt as asked:
+        seen = _ASKED.get()
+        if seen is not None:
+            seen.update(i.id for i in asked.args[0] if isinstance(i, Interrupt))
+        raise
+    if isinstance(answer, Mapping) and set(answer) == {SKIPPED}:
+        raise CallNotMade(f"{call.get('function') or call.get('tool')} was not made:"
+                          f" {answer[SKIPPED]}")
+    return answer
 
 
 async def through_tether(request: ToolCallRequest, execute: Callable[..., Any]) -> Any:
@@ -105,9 +124,23 @@ async def through_tether(request: ToolCallRequest, execute: Callable[..., Any]) 
     call = request.tool_call
     if request.tool is None or not _under_tether(config):
         return await execute(request)  # an unknown tool: the node's own error message
-    answer = _ask({"tool": call["name"], "call_id": call.get("id") or "",
-                   "args": dict(call["args"])})
-    return messages_from_dict([answer])[0]
+    try:
+        answer = _ask({"tool": call["name"], "call_id": call.get("id") or "",
+                       "args": dict(call["args"])})
+    except CallNotMade as skipped:
+        return ToolMessage(str(skipped), tool_call_id=call.get("id") or "", name=call["name"],
+                           status="error")
+    return _tool_message(answer, call)
+
+
+def _tool_message(answer: Any, call: Mapping[str, Any]) -> Any:
+    """The node's tool message for *answer*: the one the tool returned, or a person's result
+    (``decide``) as its content."""
+    if isinstance(answer, Mapping) and answer.get("type") == "tool" and "data" in answer:
+        return messages_from_dict([dict(answer)])[0]
+    content = answer if isinstance(answer, str) else pydantic_core.to_json(
+        answer, fallback=str).decode()
+    return ToolMessage(content, tool_call_id=call.get("id") or "", name=call["name"])
 
 
 class TetherTool:
@@ -183,7 +216,7 @@ class LangGraphAgent(Agent):
         self.policies = ModelAgent.checked_policies(
             tools, [*self.node_tools, *self.functions], "the graph")
         self.nodes = [n for n in graph.nodes if n != START]
-        self._savers: dict[str, tuple[str, TaskSaver]] = {}
+        self._savers: dict[str, tuple[dict[str, Any], TaskSaver]] = {}
 
     # ------------------------------------------------------------------ registration
 
@@ -239,36 +272,51 @@ class LangGraphAgent(Agent):
     async def plan(self, task: TaskView) -> Action | list[Action]:
         awaiting = task.scratch.pop("awaiting", None)
         answer = _answer(task, awaiting) if awaiting is not None else None
-        if answer is _NONE:  # the call or the wait was set aside (a newer message): ask again
+        if answer is _NONE:  # set aside (a newer message), or ended otherwise: ask again
             assert awaiting is not None
-            return self._asked(task, awaiting["id"], awaiting["value"])
+            return self._asked(task, awaiting["id"], awaiting["value"], awaiting["kind"] == "call")
         saver = self._saver(task)
         graph = self.graph.copy(update={"checkpointer": saver})
         given = task.input if not saver.started() else \
             Command(resume={awaiting["id"]: answer}) if awaiting is not None else None
-        values, ran, asked, stopped = await self._step(graph, task.task_id, given)
-        task.scratch["graph"] = saver.plain()
-        task.scratch["graph_nonce"] = nonce = uuid.uuid4().hex
-        self._keep(task.task_id, nonce, saver)
+        ours: set[str] = set()
+        token = _ASKED.set(ours)
+        try:
+            values, ran, asked, stopped = await self._step(graph, task.task_id, given)
+        finally:
+            _ASKED.reset(token)
+        task.scratch["graph"] = plain = saver.plain()
+        self._keep(task.task_id, plain, saver)
         if asked:
-            return self._asked(task, asked[0].id, asked[0].value)
+            return self._asked(task, asked[0].id, asked[0].value, asked[0].id in ours)
         if not stopped:
-            return Finish(pydantic_core.to_jsonable_python(values, fallback=str))
+            return Finish(_jsonable(values))
         return Continue(note=f"ran {', '.join(ran)}" if ran else "")
+
+    async def check_wait(self, task: TaskView, wait: Mapping[str, Any]) -> Any | None:
+        """An approval that arrived after the graph asked, before the wait began (R16): it is
+        in the dialog, after the question."""
+        awaiting = task.scratch.get("awaiting")
+        if not isinstance(awaiting, Mapping) or awaiting.get("kind") != "person":
+            return None
+        for row in task.history[int(awaiting.get("rows", len(task.history))):]:
+            if row.get("role") == "event" and row.get("type") == wait.get("event_type"):
+                return row.get("content")
+        return None
 
     def _saver(self, task: TaskView) -> TaskSaver:
         """The task's checkpoint: the saver this process kept from the task's last plan if
-        the scratch is the one that plan wrote (its nonce), else read from the scratch (a
-        load, a rollback, a fork, a plan that failed, another worker's step). Taken out of
+        the scratch holds exactly what that plan wrote, else read from the scratch (a load,
+        a rollback, a fork, a patch, a plan that failed, another worker's step). Taken out of
         the cache, so a plan that fails leaves nothing stale behind."""
         kept = self._savers.pop(task.task_id, None)
-        nonce = task.scratch.get("graph_nonce")
-        if kept is not None and nonce is not None and kept[0] == nonce:
+        written = task.scratch.get("graph")
+        if kept is not None and written is not None and kept[0] == written:
             return kept[1]
-        return TaskSaver.from_plain(task.scratch.get("graph"))
+        return TaskSaver.from_plain(written)
 
-    def _keep(self, task_id: str, nonce: str, saver: TaskSaver) -> None:
-        self._savers[task_id] = (nonce, saver)
+    def _keep(self, task_id: str, plain: dict[str, Any], saver: TaskSaver) -> None:
+        self._savers[task_id] = (plain, saver)
         while len(self._savers) > SAVERS_KEPT:
             self._savers.pop(next(iter(self._savers)))
 
@@ -289,7 +337,8 @@ class LangGraphAgent(Agent):
         modes: list[StreamMode] = ["values", "updates"]
         async for mode, chunk in graph.astream(given, self._config(task_id),
                                                context=self.context,
-                                               interrupt_before=self.nodes, stream_mode=modes):
+                                               interrupt_before=self.nodes, stream_mode=modes,
+                                               durability="sync"):
             if mode == "values":
                 values = chunk
             elif "__interrupt__" in (updates := cast(dict[str, Any], chunk)):
@@ -299,23 +348,32 @@ class LangGraphAgent(Agent):
                 ran += [n for n in updates if not n.startswith("__")]
         return values, ran, asked, stopped
 
-    def _asked(self, task: TaskView, interrupt_id: str, value: Any) -> Action | list[Action]:
-        """What the graph waits for: a call tether makes, or a person's answer."""
-        call = value.get(CALL) if isinstance(value, Mapping) else None
+    def _asked(self, task: TaskView, interrupt_id: str, value: Any, ours: bool
+               ) -> Action | list[Action]:
+        """What the graph waits for: a call tether makes (*ours*: tether's own code asked),
+        or a person's answer."""
+        call = value.get(CALL) if ours and isinstance(value, Mapping) else None
         if isinstance(call, Mapping):
-            task.scratch["awaiting"] = {"id": interrupt_id, "kind": "call", "value": value}
+            task.scratch["awaiting"] = {"id": interrupt_id, "kind": "call", "value": value,
+                                        "step": task.step}
             if "function" in call:
                 return ToolCall(f"{self.name}.{call['function']}",
                                 {"interrupt_id": interrupt_id, "args": dict(call["args"])})
             return ToolCall(f"{self.name}.{call['tool']}", {
                 "interrupt_id": interrupt_id, "call_id": call["call_id"],
                 "args": dict(call["args"])})
-        value = pydantic_core.to_jsonable_python(value, fallback=str)
+        value = _jsonable(value)
         task.scratch["awaiting"] = {"id": interrupt_id, "kind": "person", "value": value,
-                                    "seen": pydantic_core.to_jsonable_python(task.last_event)}
+                                    "seen": _jsonable(task.last_event),
+                                    "rows": len(task.history)}
         question = value if isinstance(value, str) else pydantic_core.to_json(value).decode()
         return [Reply(clip(question, QUESTION_QUOTED)),
                 Wait("approval", timeout=self.approval_timeout)]
+
+
+def _jsonable(value: Any) -> Any:
+    """*value* as JSON data (bytes as base64, anything else unknown as its text)."""
+    return pydantic_core.to_jsonable_python(value, fallback=str, bytes_mode="base64")
 
 
 _NONE = object()
@@ -323,17 +381,28 @@ _NONE = object()
 
 
 def _answer(task: TaskView, awaiting: Mapping[str, Any]) -> Any:
-    """The answer to what the last plan asked for (a call's result, a person's payload), or
-    :data:`_NONE` if it never came (a newer message set it aside)."""
+    """The answer to what the last plan asked for, or :data:`_NONE` if it never came.
+
+    A call: once the task's step has moved past it, it was made or settled (the tool ran, a
+    reconcile hook or a person said what happened, or a person skipped it); the node gets
+    its result, a person's result as given, or :data:`SKIPPED`. Before that, a newer
+    message set it aside. A person: only an ``approval`` event (or the wait's timeout, a
+    denial: ``False``) answers; a wait ended by anything else asks again."""
     if awaiting["kind"] == "call":
+        if task.step <= int(awaiting.get("step", task.step)):
+            return _NONE
+        error = task.last_tool_error
+        if error is not None:
+            return {SKIPPED: str(error.get("error") or "a person skipped it")}
         result = task.last_tool_result
-        if isinstance(result, Mapping) and result.get("interrupt_id") == awaiting["id"]:
-            return result.get("value")
+        if isinstance(result, Mapping) and set(result) == {"interrupt_id", "value"}:
+            return result["value"]
+        return result
+    event = _jsonable(task.last_event)
+    if not isinstance(event, Mapping) or event == awaiting.get("seen") \
+            or event.get("type") != "approval":
         return _NONE
-    event = pydantic_core.to_jsonable_python(task.last_event)
-    if event is None or event == awaiting.get("seen"):
-        return _NONE
-    return {"timeout": True} if event.get("timeout") else event.get("payload")
+    return False if event.get("timeout") else event.get("payload")
 
 
 # ---------------------------------------------------------------------------- checks

@@ -5,7 +5,8 @@ node has seen, and the writes of a super-step's finished nodes (and of an ``inte
 that the next run must not redo. tether keeps the same thing in the task's scratch, so it is
 committed with the step, rolled back with the task, copied by a fork and gone with a delete:
 no second store, no thread id that could outlive its task. This saver holds only the newest
-checkpoint of each namespace (a subgraph has its own); tether's versions are the history.
+checkpoint of each namespace (a subgraph run has its own, dropped once the graph's next
+super-step begins); tether's versions are the history.
 
 Values are serialised by LangGraph's own serializer (``JsonPlusSerializer``: messages,
 pydantic models, dataclasses) and kept as base64 text. A channel's value is stored whole
@@ -121,6 +122,8 @@ class TaskSaver(BaseCheckpointSaver[Any]):
         for channel, version in new_versions.items():
             blobs[channel] = (version, self.serde.dumps_typed(values[channel])
                               if channel in values else ("empty", b""), None)
+        if not ns:  # a new super-step of the graph: every subgraph run of the last one ended
+            self.entries.clear()
         self.entries[ns] = {
             "id": checkpoint["id"], "parent": config["configurable"].get("checkpoint_id"),
             "checkpoint": self.serde.dumps_typed(kept),
