@@ -100,9 +100,44 @@ async def test_a_schedule_this_worker_cannot_start_is_logged_once_and_left_due(
     await h.store.put_schedule(dataclasses.replace(record, agent="elsewhere",
                                                    next_at=time.time() - 120))
     warned: set[str] = set()
-    for _ in range(3):
-        assert await fire_due(h.store, h.start_run, h.log, warned) == 0
+    for _ in range(3):  # a worker told nothing of its agents tries, and says so once
+        assert await fire_due(h.store, h.start_run, h.log, None, warned) == 0
     messages = [r.getMessage() for r in caplog.records if "other-app" in r.getMessage()]
     assert len(messages) == 1 and "left to a worker whose app can" in messages[0]
     assert (await h.schedule_named("other-app")).next_at < time.time()  # type: ignore[operator]
+    await h.close()
+
+
+async def test_r13_schedules_of_an_agent_this_app_lacks_never_fill_the_window() -> None:
+    """250 due schedules of an agent this worker's app does not have (more than one window
+    of due schedules) and one of its own: a worker asking for its own agents' schedules
+    starts its own at once; the others stay due for a worker that has their agent."""
+    h = app()
+    own = await h.schedule("own", "* * * * *", "report", "mine")
+    hour_ago = time.time() - 3600  # missed runs skipped; this minute's starts, whenever now is
+    await h.store.put_schedule(dataclasses.replace(own, next_at=hour_ago))
+    for n in range(250):
+        await h.store.put_schedule(dataclasses.replace(
+            own, name=f"foreign-{n:03d}", agent="elsewhere", next_at=hour_ago))
+    assert await fire_due(h.store, h.start_run, h.log, h.agents) == 1
+    runs = await started(h)
+    assert len(runs) == 1 and runs[0].startswith("own-")
+    foreign = [s for s in await h.store.list_schedules() if s.agent == "elsewhere"]
+    assert len(foreign) == 250 and all(s.next_at < time.time() for s in foreign)  # type: ignore[operator]
+    await h.close()
+
+
+async def test_r13_a_thousand_schedules_due_in_one_minute_start_in_one_look() -> None:
+    """1,000 every-minute schedules due at once: one look starts every run (batch after
+    batch), each once, and moves every schedule to the next minute."""
+    h = app()
+    first = await h.schedule("s-0000", "* * * * *", "report")
+    hour_ago = time.time() - 3600  # missed runs skipped; this minute's starts, whenever now is
+    for n in range(1000):
+        await h.store.put_schedule(dataclasses.replace(first, name=f"s-{n:04d}",
+                                                       next_at=hour_ago))
+    assert await fire_due(h.store, h.start_run, h.log, h.agents) == 1000
+    assert len(await started(h)) == 1000
+    assert all(s.next_at > time.time() for s in await h.store.list_schedules())  # type: ignore[operator]
+    assert await fire_due(h.store, h.start_run, h.log, h.agents) == 0
     await h.close()

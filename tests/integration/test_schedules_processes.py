@@ -85,3 +85,33 @@ def test_a_schedule_fires_once_per_run_across_worker_processes(store_url: str,
 def _runs(cli: object) -> list[str]:
     listed = json.loads(cli("ls", "--json"))  # type: ignore[operator]
     return [t["task_id"] for t in listed if t["task_id"].startswith("ticker-")]
+
+
+async def test_r13_a_worker_whose_clock_runs_fast_starts_nothing_early_on_postgres(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scheduler judges due times by the PostgreSQL server's clock: a worker whose own
+    clock runs two minutes fast neither starts a run due in a minute nor moves the
+    schedule past it (the run a slow-clocked worker would then never start)."""
+    import dataclasses
+
+    import tether as tt
+    from tether.engine.scheduling import fire_due
+
+    h = tt.Harness(pg_url)
+
+    @h.agent("tick")
+    class Tick(tt.Agent):
+        async def plan(self, t: tt.TaskView) -> tt.Action:
+            return tt.Finish(t.input)
+
+    record = await h.schedule("soon", "* * * * *", "tick")
+    server = await h.store.clock()
+    assert abs(server - time.time()) < 5
+    await h.store.put_schedule(dataclasses.replace(record, next_at=server + 60))
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 120)
+    assert await fire_due(h.store, h.start_run, h.log, h.agents) == 0
+    monkeypatch.undo()
+    assert (await h.schedule_named("soon")).next_at == server + 60  # not moved on
+    assert await h.store.list_tasks() == []
+    await h.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 
 from tether import schedules
 from tether.errors import StoreUnavailable, TaskExists, TetherError
@@ -19,34 +19,62 @@ StartRun = Callable[[ScheduleRecord, str], Awaitable[None]]
 """Starts one run: a task of the schedule's agent with its input, under the id given."""
 LOOK_EVERY = 1.0
 """Seconds between a worker's looks for due schedules (cron counts in minutes)."""
+BATCH = 200
+"""Due schedules read at a time."""
+MAX_BATCHES = 50
+"""Batches one look may start (10,000 schedules), so a look ends and the next begins."""
+AT_ONCE = 32
+"""Schedules of a batch started side by side."""
 
 
 async def fire_due(store: WorkerStore, start: StartRun, log: logging.Logger,
-                   warned: set[str] | None = None) -> int:
-    """Start the due runs of every due schedule; how many were started here. A schedule
-    this app cannot start is named in the log once per worker (in *warned*), not each
-    second."""
+                   agents: Collection[str] | None = None, warned: set[str] | None = None) -> int:
+    """Start the due runs of every due schedule of *agents* (the app's: a schedule of an
+    agent this app lacks is left to a worker that has it, and never fills this one's
+    window); how many were started here. Due is judged by the store's clock, so a worker
+    whose own clock is off starts nothing early or late. Batch after batch while the window
+    comes back full, each batch's schedules started side by side (SQLite commits them
+    together), so thousands due in the same minute start in that minute. A schedule whose
+    runs this app cannot start is named in the log once per worker (in *warned*)."""
     warned = set() if warned is None else warned
     started = 0
-    now = time.time()
-    for schedule in await store.due_schedules(now):
-        assert schedule.next_at is not None
-        runs, following = schedules.runs_due(schedule.cron, schedule.timezone, schedule.next_at,
-                                             schedule.catch_up, now)
+    gate = asyncio.Semaphore(AT_ONCE)
+    for _ in range(MAX_BATCHES):
+        now = await store.clock()
+        due = await store.due_schedules(now, BATCH, agents)
+        fired = await asyncio.gather(*(_fire(store, start, log, schedule, now, warned, gate)
+                                       for schedule in due))
+        started += sum(count for count, _ in fired)
+        if len(due) < BATCH or not any(moved for _, moved in fired):
+            break  # the window is not full, or holds only schedules no one here can start
+    return started
+
+
+async def _fire(store: WorkerStore, start: StartRun, log: logging.Logger,
+                schedule: ScheduleRecord, now: float, warned: set[str],
+                gate: asyncio.Semaphore) -> tuple[int, bool]:
+    """Start one schedule's due runs, then move it on (if no other worker did first): how
+    many runs started here, and whether the schedule moved on."""
+    assert schedule.next_at is not None
+    runs, following = schedules.runs_due(schedule.cron, schedule.timezone, schedule.next_at,
+                                         schedule.catch_up, now)
+    started = 0
+    async with gate:
         try:
             for at in runs:
                 started += await _start(start, schedule, schedules.run_id(schedule.name, at))
-        except TetherError as error:  # this app cannot start it (say, the agent is unknown)
+        except TetherError as error:  # this app cannot start it (say, its input is refused)
             if schedule.name not in warned:
                 warned.add(schedule.name)
                 log.warning("schedule %s: its runs cannot be started by this worker (%s);"
                             " left to a worker whose app can", schedule.name, error)
-            continue
-        if await store.advance_schedule(schedule.name, schedule.next_at, following, now):
+            return started, False
+        moved = await store.advance_schedule(schedule.name, schedule.next_at, following, now)
+        if moved:
             log.info("schedule %s: started %d run(s)%s; next at %s", schedule.name, len(runs),
                      f", {len(runs) - 1} of them late" if len(runs) > 1 else "",
                      time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(following)))
-    return started
+    return started, moved
 
 
 async def _start(start: StartRun, schedule: ScheduleRecord, task_id: str) -> int:
@@ -57,14 +85,15 @@ async def _start(start: StartRun, schedule: ScheduleRecord, task_id: str) -> int
     return 1
 
 
-async def keep_schedules(store: WorkerStore, start: StartRun, log: logging.Logger) -> None:
-    """Look for due schedules every :data:`LOOK_EVERY` seconds until cancelled."""
+async def keep_schedules(store: WorkerStore, start: StartRun, log: logging.Logger,
+                         agents: Collection[str] | None = None) -> None:
+    """Look for due schedules of *agents* every :data:`LOOK_EVERY` seconds until cancelled."""
     failed = False
     unstartable: set[str] = set()
     while True:
         await asyncio.sleep(LOOK_EVERY)
         try:
-            await fire_due(store, start, log, unstartable)
+            await fire_due(store, start, log, agents, unstartable)
         except StoreUnavailable:
             continue
         except Exception:  # the scheduler must never stop the worker

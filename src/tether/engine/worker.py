@@ -181,7 +181,8 @@ class Worker:
         housekeeper = asyncio.create_task(keep_house(self.harness.store, self.harness.settings,
                                                      self.harness.log))
         scheduler = asyncio.create_task(keep_schedules(self.harness.store,
-                                                       self.harness.start_run, self.harness.log))
+                                                       self.harness.start_run, self.harness.log,
+                                                       self.harness.agents))
         try:
             while not (stop and stop.is_set()) and self._fatal is None:
                 try:

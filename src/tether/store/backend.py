@@ -12,7 +12,7 @@ waiting for work, the schema, checks and closing.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, TypeVar
 
 from tether.model import EmitReceipt, Event, IdempotencyRecord, Status, TaskRecord
@@ -82,8 +82,9 @@ class SQLBackend(ABC):
     async def put_schedule(self, schedule: ScheduleRecord) -> None:
         await self._write(schedule_steps.put(schedule))
 
-    async def due_schedules(self, now: float, limit: int = 100) -> list[ScheduleRecord]:
-        return await self._read(schedule_steps.due(now, limit))
+    async def due_schedules(self, now: float, limit: int = 100,
+                            agents: Collection[str] | None = None) -> list[ScheduleRecord]:
+        return await self._read(schedule_steps.due(now, limit, agents))
 
     async def advance_schedule(self, name: str, expected: float, next_at: float | None,
                                ran_at: float) -> bool:

@@ -275,8 +275,16 @@ class WorkerStore(SnapshotReads, Protocol):
     async def put_schedule(self, schedule: ScheduleRecord) -> None:
         """Create a schedule, or replace its definition, pause and next time."""
 
-    async def due_schedules(self, now: float, limit: int = 100) -> list[ScheduleRecord]:
-        """Schedules not paused whose next time has come, the most overdue first."""
+    async def due_schedules(self, now: float, limit: int = 100,
+                            agents: Collection[str] | None = None) -> list[ScheduleRecord]:
+        """Schedules not paused whose next time has come, the most overdue first; with
+        *agents*, only those of these agents (a worker asks for the ones its app can start,
+        so schedules of an agent it lacks never fill its window)."""
+
+    async def clock(self) -> float:
+        """The store's time (seconds since the epoch), by which schedules are judged due: the
+        database server's on PostgreSQL, shared by every worker whatever its own clock
+        says; this machine's on SQLite (one machine, one clock)."""
 
     async def advance_schedule(self, name: str, expected: float, next_at: float | None,
                                ran_at: float) -> bool:

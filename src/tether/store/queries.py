@@ -216,6 +216,12 @@ GET_SCHEDULE = f"SELECT {_SCHEDULE_COLUMNS} FROM schedules WHERE name = ?"
 LIST_SCHEDULES = f"SELECT {_SCHEDULE_COLUMNS} FROM schedules ORDER BY name"
 DUE_SCHEDULES = (f"SELECT {_SCHEDULE_COLUMNS} FROM schedules WHERE next_at <= ? AND paused = 0"
                  " ORDER BY next_at LIMIT ?")
+
+
+def due_schedules_of(agents: int) -> str:
+    """DUE_SCHEDULES for schedules of *agents* named agents only (as many placeholders)."""
+    return (f"SELECT {_SCHEDULE_COLUMNS} FROM schedules WHERE next_at <= ? AND paused = 0"
+            f" AND agent IN ({', '.join('?' * agents)}) ORDER BY next_at LIMIT ?")
 ADVANCE_SCHEDULE = ("UPDATE schedules SET next_at = ?, last_run_at = ? WHERE name = ?"
                     " AND next_at = ? AND paused = 0")
 DELETE_SCHEDULE = "DELETE FROM schedules WHERE name = ?"

@@ -190,6 +190,7 @@ class CachedStore:
         self.wake_all = inner.wake_all
         self.wait_for_change = inner.wait_for_change
         self.ping = inner.ping
+        self.clock = inner.clock
         self.list_tasks = inner.list_tasks
         self.find_tasks = inner.find_tasks
         self.acquire_limit = inner.acquire_limit

@@ -4,6 +4,7 @@ is :mod:`tether.schedules`'."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import orjson
@@ -24,8 +25,14 @@ def listed(name: str | None) -> Steps[list[ScheduleRecord]]:
     return [_record(row) for row in found]
 
 
-def due(now: float, limit: int) -> Steps[list[ScheduleRecord]]:
-    found = yield every(q.DUE_SCHEDULES, now, limit)
+def due(now: float, limit: int, agents: Collection[str] | None) -> Steps[list[ScheduleRecord]]:
+    if agents is None:
+        found = yield every(q.DUE_SCHEDULES, now, limit)
+    elif not agents:
+        return []
+    else:
+        named = sorted(agents)
+        found = yield every(q.due_schedules_of(len(named)), now, *named, limit)
     return [_record(row) for row in found]
 
 

@@ -36,6 +36,26 @@ class ScheduleConformance:
         assert [s.name for s in await store.due_schedules(2000.0)] == ["late", "later"]
         assert [s.name for s in await store.due_schedules(2000.0, limit=1)] == ["late"]
 
+    async def test_due_schedules_of_named_agents_only(self, store: Store) -> None:
+        """Issue 29: a worker asks for the schedules its app can start; another agent's due
+        schedules, however many, are not in its window."""
+        for n in range(5):
+            await store.put_schedule(nightly(f"theirs-{n}", next_at=900.0, agent="billing"))
+        await store.put_schedule(nightly("mine", next_at=1000.0))
+        await store.put_schedule(nightly("also", next_at=1100.0, agent="audit"))
+        assert [s.name for s in await store.due_schedules(2000.0, 2, ["report"])] == ["mine"]
+        assert [s.name for s in await store.due_schedules(2000.0, 10, ["report", "audit"])] \
+            == ["mine", "also"]
+        assert await store.due_schedules(2000.0, 10, []) == []
+        assert len(await store.due_schedules(2000.0, 10)) == 7
+
+    async def test_the_stores_clock_is_the_time_now(self, store: Store) -> None:
+        """The clock schedules are judged by: the server's or this machine's, near enough to
+        this process's on a test machine (the same host)."""
+        import time
+
+        assert abs(await store.clock() - time.time()) < 5
+
     async def test_one_worker_moves_a_schedule_on(self, store: Store) -> None:
         """Issue 19: workers that find the same run due race to move the schedule; one wins,
         so a run is counted once, and a paused schedule is not moved."""
