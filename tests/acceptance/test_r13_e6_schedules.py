@@ -113,12 +113,13 @@ async def test_r13_schedules_of_an_agent_this_app_lacks_never_fill_the_window() 
     of due schedules) and one of its own: a worker asking for its own agents' schedules
     starts its own at once; the others stay due for a worker that has their agent."""
     h = app()
-    own = await h.schedule("own", "* * * * *", "report", "mine")
-    hour_ago = time.time() - 3600  # missed runs skipped; this minute's starts, whenever now is
-    await h.store.put_schedule(dataclasses.replace(own, next_at=hour_ago))
+    # yearly, the last run missed and caught up (one run each, whenever the test runs)
+    own = await h.schedule("own", "0 0 1 1 *", "report", "mine", catch_up=1)
+    year_ago = time.time() - 366 * 86400
+    await h.store.put_schedule(dataclasses.replace(own, next_at=year_ago))
     for n in range(250):
         await h.store.put_schedule(dataclasses.replace(
-            own, name=f"foreign-{n:03d}", agent="elsewhere", next_at=hour_ago))
+            own, name=f"foreign-{n:03d}", agent="elsewhere", next_at=year_ago))
     assert await fire_due(h.store, h.start_run, h.log, h.agents) == 1
     runs = await started(h)
     assert len(runs) == 1 and runs[0].startswith("own-")
@@ -128,14 +129,16 @@ async def test_r13_schedules_of_an_agent_this_app_lacks_never_fill_the_window() 
 
 
 async def test_r13_a_thousand_schedules_due_in_one_minute_start_in_one_look() -> None:
-    """1,000 every-minute schedules due at once: one look starts every run (batch after
-    batch), each once, and moves every schedule to the next minute."""
+    """1,000 schedules due at once: one look starts every run (batch after batch), each
+    once, and moves every schedule on."""
     h = app()
-    first = await h.schedule("s-0000", "* * * * *", "report")
-    hour_ago = time.time() - 3600  # missed runs skipped; this minute's starts, whenever now is
+    # yearly, the last run missed and caught up: one run each, and no new one can fall due
+    # while the test runs (an every-minute schedule could, at a minute's turn)
+    first = await h.schedule("s-0000", "0 0 1 1 *", "report", catch_up=1)
+    year_ago = time.time() - 366 * 86400
     for n in range(1000):
         await h.store.put_schedule(dataclasses.replace(first, name=f"s-{n:04d}",
-                                                       next_at=hour_ago))
+                                                       next_at=year_ago))
     assert await fire_due(h.store, h.start_run, h.log, h.agents) == 1000
     assert len(await started(h)) == 1000
     assert all(s.next_at > time.time() for s in await h.store.list_schedules())  # type: ignore[operator]
