@@ -76,6 +76,10 @@ def test_emit_dedup_and_versions_and_rollback(cli) -> None:  # type: ignore[no-u
         (("submit", "nosuch"), "no agent 'nosuch'"),
         (("emit", "nope", "made_up_type"), "not in the interruption protocol"),
         (("rollback", "nope", "--to", "1"), "no task 'nope'"),
+        (("schedule", "add", "feb", "--cron", "0 0 30 2 *", "--agent", "report"),
+         "'0 0 30 2 *' never fires"),
+        (("schedule", "add", "six", "--cron", "0 0 9 * * * *", "--agent", "report"),
+         "is not a cron expression"),
     ],
 )
 def test_errors_are_one_clear_line_and_exit_1(cli, args: tuple[str, ...], message: str) -> None:  # type: ignore[no-untyped-def]

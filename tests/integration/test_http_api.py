@@ -635,6 +635,9 @@ async def test_schedules_over_http_and_in_the_console(
     bad = await client.put("/api/schedules/weekday", json={**body, "cron": "9am"},
                            headers=auth(OPERATOR))
     assert bad.status_code == 422 and "not a cron expression" in bad.json()["error"]
+    never = await client.put("/api/schedules/weekday", json={**body, "cron": "0 0 30 2 *"},
+                             headers=auth(OPERATOR))
+    assert never.status_code == 422 and "never fires" in never.json()["error"]
     zone = await client.put("/api/schedules/x", json={**body, "timezone": "../../etc/passwd"},
                             headers=auth(OPERATOR))
     assert zone.status_code == 422 and "unknown time zone" in zone.json()["error"]
