@@ -152,6 +152,16 @@ class NotRetryable(TetherError):
     """Raise this from a tool to stop its retries: the failure will not go away by itself."""
 
 
+class ServerError(TetherError):
+    """A tether server (``tether serve``) answered with an error the client has no other
+    exception for (a refused token, a server fault), or could not be reached; ``status`` is
+    the HTTP status (0: no answer)."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class CallNotMade(TetherError):
     """Raised where a graph's node made a call that a person told tether to skip (``decide
     skip``): the call was not made, and the node may handle that or fail."""

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 import click
 import orjson
@@ -21,7 +21,7 @@ import orjson
 import tether as tt
 from tether.cli.app import reading_command
 from tether.cli.render import echo, error, local_time, say
-from tether.watching import KINDS, Change, Position, follow
+from tether.watching import Change, follow
 from tether.web.timeline import recovery_entry, row_entry
 
 RECONNECT_SECONDS = 30.0
@@ -48,8 +48,8 @@ def watch(ctx: click.Context, task_id: str, server: str | None, token: str | Non
     if not token:
         raise click.UsageError("--server needs a token: set TETHER_TOKEN (or --token)")
     try:
-        ended = asyncio.run(_show(_from_server(base, token, task_id), as_json))
-    except WatchFailed as exc:
+        ended = asyncio.run(_watch_server(base, token, task_id, as_json))
+    except tt.TetherError as exc:  # refused by the server, or the stream could not be had
         error(exc)
         raise SystemExit(1) from None
     except KeyboardInterrupt:
@@ -66,8 +66,13 @@ async def _watch_store(harness: tt.Harness, task_id: str, as_json: bool) -> None
     raise SystemExit(0 if ended == "completed" else 1)
 
 
-class WatchFailed(Exception):
-    """The server refused the stream or could not be reached; the message says which."""
+async def _watch_server(base: str, token: str, task_id: str, as_json: bool) -> str:
+    """The server's stream through :class:`tether.client.AsyncClient` (which takes a dropped
+    connection up again from the last position)."""
+    from tether.client import AsyncClient
+
+    async with AsyncClient(base, token, retry_for=RECONNECT_SECONDS) as client:
+        return await _show(client.watch(task_id), as_json)
 
 
 async def _show(changes: AsyncGenerator[Change], as_json: bool) -> str:
@@ -134,70 +139,3 @@ def _server_url(text: str) -> str:
         raise click.BadParameter(f"give the server as http(s)://host:port, not {text[:80]!r}",
                                  param_hint="--server")
     return text.rstrip("/")
-
-
-async def _from_server(base: str, token: str, task_id: str) -> AsyncGenerator[Change]:
-    """The server's stream as changes; a dropped connection is taken up again from the last
-    event's id for up to :data:`RECONNECT_SECONDS`."""
-    import httpx
-    from httpx_sse import SSEError, aconnect_sse
-
-    url = f"{base}/api/tasks/{quote(task_id, safe='')}/stream"
-    position = Position()
-    loop = asyncio.get_running_loop()
-    failing_since: float | None = None
-    async with httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=60.0)) as client:
-        while True:
-            headers = {"Authorization": f"Bearer {token}", "Last-Event-ID": str(position)}
-            try:
-                async with aconnect_sse(client, "GET", url, headers=headers) as source:
-                    await _check(source.response, task_id)
-                    failing_since = None
-                    async for event in source.aiter_sse():
-                        position = _position(event.id, position)
-                        change = _change(event.event, event.data, position)
-                        if change is None:
-                            continue  # a kind this tether does not know: a newer server's
-                        yield change
-                        if change.kind == "end":
-                            return
-            except (httpx.TransportError, SSEError) as exc:
-                failing_since = failing_since or loop.time()
-                if loop.time() - failing_since > RECONNECT_SECONDS:
-                    raise WatchFailed(f"lost the stream from {base} and could not get it back"
-                                      f" for {RECONNECT_SECONDS:.0f} s: {exc}") from None
-                await asyncio.sleep(1.0)
-
-
-def _position(text: str, before: Position) -> Position:
-    try:
-        return Position.parse(text) if text else before
-    except tt.InvalidInput as error:
-        raise WatchFailed(f"the server sent an event id that is no stream position: {error}"
-                          ) from None
-
-
-def _change(kind: str, data: str, position: Position) -> Change | None:
-    """A server's event as a change: None for a kind this tether does not know, and
-    WatchFailed for data that is not a JSON object (nothing from outside is trusted)."""
-    if kind not in KINDS:
-        return None
-    try:
-        payload = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        payload = None
-    if not isinstance(payload, dict):
-        raise WatchFailed(f"the server sent a {kind!r} event whose data is not a JSON object")
-    return Change(kind, payload, position)  # type: ignore[arg-type]
-
-
-async def _check(response: Any, task_id: str) -> None:
-    if response.status_code == 200:
-        return
-    await response.aread()
-    try:
-        message = orjson.loads(response.content).get("error")
-    except (orjson.JSONDecodeError, AttributeError):
-        message = None
-    raise WatchFailed(message or f"the server answered {response.status_code} for task"
-                      f" {task_id!r}")

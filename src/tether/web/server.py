@@ -220,7 +220,7 @@ class Fork(BaseModel):
 
 class NewSchedule(BaseModel):
     cron: str = Field(max_length=200, description="Five fields (minute hour day month weekday)"
-                      "; a sixth gives seconds")
+                      ", or six with the seconds first")
     agent: str = Field(max_length=MAX_NAME)
     input: Any = None
     timezone: str = Field("UTC", max_length=64)
@@ -508,7 +508,7 @@ def _install_errors(app: FastAPI) -> None:
             log.error("%s serving a request: %s", type(exc).__name__, exc)
         headers = {"Retry-After": "1"} if isinstance(exc, InboxFull) else \
             {"Retry-After": "5"} if status == 503 else None
-        return _json(status, scrub_paths(str(exc)), headers)
+        return _json(status, scrub_paths(str(exc)), headers, type(exc).__name__)
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, exc: Exception) -> Response:
@@ -579,8 +579,12 @@ class _Families:
         return self.families
 
 
-def _json(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
+def _json(status: int, message: str, headers: dict[str, str] | None = None,
+          kind: str | None = None) -> Response:
+    """An error as JSON: the message, and for tether's own errors their class (``type``),
+    which ``tether.client`` raises again on its side."""
+    body = {"error": message} if kind is None else {"error": message, "type": kind}
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _record(record: Any) -> dict[str, Any]:
