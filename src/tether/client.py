@@ -194,9 +194,11 @@ class AsyncClient:
         return await self._lever(task_id, "cancel", None)
 
     async def fork(self, task_id: str, version: int | None = None, *,
-                   new_task_id: str | None = None, redo_side_effects: bool = False) -> str:
+                   new_task_id: str | None = None, redo_side_effects: bool = False,
+                   paused: bool = False) -> str:
         found = await self._send("POST", f"{_task(task_id)}/fork", json={
-            "version": version, "task_id": new_task_id, "redo_side_effects": redo_side_effects})
+            "version": version, "task_id": new_task_id, "redo_side_effects": redo_side_effects,
+            "paused": paused})
         return str(found["task_id"])
 
     async def delete(self, task_id: str) -> None:

@@ -487,16 +487,17 @@ class Harness:
 
     async def fork(self, task_id: str, version: int | None = None, *,
                    new_task_id: str | None = None, redo_side_effects: bool = False,
-                   by: str | None = None) -> str:
+                   paused: bool = False, by: str | None = None) -> str:
         """A new task from kept *version* (default: the newest) of *task_id*; its id.
 
         The fork has its own id and idempotency keys and the source's dialog up to that
         version; the source is untouched. A call the source already made is not made again
-        unless *redo_side_effects* (see :mod:`tether.engine.forking`)."""
+        unless *redo_side_effects* (see :mod:`tether.engine.forking`). With *paused* it
+        waits for a person's resume whatever the version's status."""
         source = await self.store.get_task(check_task_id(task_id))
         version = source.head_version if version is None else check_count(version, "version")
         fork_id = new_id() if new_task_id is None else check_task_id(new_task_id)
-        plan = ForkPlan(task_id, version, fork_id, _who(by), redo_side_effects)
+        plan = ForkPlan(task_id, version, fork_id, _who(by), redo_side_effects, paused)
         await fork_task(self.store, self.settings, plan, f"fork:{self.worker_id}")
         self.work_arrived.set()
         return fork_id

@@ -65,6 +65,10 @@ def test_emit_dedup_and_versions_and_rollback(cli) -> None:  # type: ignore[no-u
     cli("worker", "--until-idle")
     kept = json.loads(cli("versions", task_id, "--json"))
     assert len(kept) >= 3
+    assert kept[-1]["status"] == "completed" and kept[-1]["step"] > kept[0]["step"]
+    assert {"version", "step", "status", "created_at", "bytes"} <= set(kept[0])
+    shown = cli("versions", task_id)
+    assert "step" in shown and "status" in shown and "completed" in shown
     out = cli("rollback", task_id, "--to", str(kept[0]["version"]))
     assert f"rollback to version {kept[0]['version']} applied" in out
 

@@ -136,7 +136,8 @@ def test_fork_starts_a_new_task_from_a_kept_version_and_names_who(
     parked = json.loads(cli("versions", task_id, "--json"))[-1]["version"]
     cli("decide", task_id, "happened", "--result", '{"refunded": 30}')
     cli("worker", "--until-idle")
-    assert cli("fork", task_id, "--from", str(parked), "--id", "refund-again") == "refund-again"
+    forked = cli("fork", task_id, "--from", str(parked), "--id", "refund-again")
+    assert forked.split()[0] == "refund-again" and f"forked from {task_id} v{parked}" in forked
     cli("worker", "--until-idle")
     shown = json.loads(cli("show", "refund-again", "--json"))["snapshot"]
     assert shown["status"] == "completed"
@@ -146,6 +147,10 @@ def test_fork_starts_a_new_task_from_a_kept_version_and_names_who(
     first = json.loads((tmp_path / "fork.json").read_text())["recovery_log"][0]
     assert first["resume_strategy"] == "fork" and ME in first["detail"]
     assert f"forked from task {task_id} version {parked}" in first["detail"]
+    paused = cli("fork", task_id, "--from", str(parked), "--id", "look-first", "--paused")
+    assert "it is paused: `tether resume look-first` starts it" in paused
+    cli("worker", "--until-idle")
+    assert json.loads(cli("show", "look-first", "--json"))["snapshot"]["status"] == "paused"
     assert "already exists" in cli("fork", task_id, "--id", "refund-again", code=1)
     assert "no task 'ghost'" in cli("fork", "ghost", code=1)
     assert "is not kept" in cli("fork", task_id, "--from", "999", code=1)

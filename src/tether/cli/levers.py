@@ -13,7 +13,7 @@ import click
 
 import tether as tt
 from tether.cli.app import harness_command, json_arg, json_option, steering_command, who
-from tether.cli.render import echo
+from tether.cli.render import echo, visible
 from tether.engine.calls import DECISIONS
 from tether.engine.inbox import MAX_NAME
 from tether.harness import TaskInfo
@@ -158,18 +158,28 @@ async def cancel(harness: tt.Harness, task_id: str) -> None:
 @click.option("--id", "new_task_id", help="The fork's id (default: generated).")
 @click.option("--redo-side-effects", is_flag=True,
               help="Make the call open at that version again, even if the task made it.")
+@click.option("--paused", is_flag=True,
+              help="Start the fork paused: look at it first, then `tether resume` it.")
 @steering_command
 async def fork(harness: tt.Harness, task_id: str, version: int | None, new_task_id: str | None,
-               redo_side_effects: bool) -> None:
+               redo_side_effects: bool, paused: bool) -> None:
     """Start a new task from a kept version of TASK_ID, which stays as it is.
 
     The fork has its own id and idempotency keys and the task's history up to that version;
-    a call the task already made is not made again unless --redo-side-effects. Prints the
-    fork's id.
+    a call the task already made is not made again unless --redo-side-effects. A fork of a
+    running or waiting version goes on at once (unless --paused). Prints the fork's id, then
+    (on stderr) where it came from and what it does now.
     """
     fork_id = await harness.fork(task_id, version, new_task_id=new_task_id,
-                                 redo_side_effects=redo_side_effects, by=who())
+                                 redo_side_effects=redo_side_effects, paused=paused, by=who())
     echo(fork_id)
+    record = await harness.reads.task(fork_id)
+    source = await harness.reads.task(task_id)
+    note = (f"forked from {task_id} v{version or source.head_version}; it is"
+            f" {record.status.value}")
+    if record.status is tt.Status.PAUSED:
+        note += f": `tether resume {fork_id}` starts it"
+    click.echo(visible(note), err=True)
 
 
 @click.command()

@@ -437,13 +437,20 @@ def _limit_size(limit: tt.Limit | None) -> str:
 @click.option("--json", "as_json", is_flag=True)
 @reading_command
 async def versions(harness: tt.Harness, task_id: str, as_json: bool) -> None:
-    """Kept snapshot versions (`rollback --to` takes any of them)."""
+    """Kept snapshot versions, each with its step, status and time, so a person can tell
+    which is before the charge (`rollback --to` and `fork --from` take any of them)."""
+    from tether.web.timeline import version_labels
+
     await harness.reads.task(tt.model.check_task_id(task_id))  # an unknown task is an error
-    kept = await harness.reads.versions(task_id)
+    sizes = {v: size for v, _, size in await harness.reads.versions(task_id)}
+    labels = await version_labels(harness, task_id)
     if as_json:
-        print_json([{"version": v, "created_at": at, "bytes": size} for v, at, size in kept])
+        print_json([{"version": k.version, "step": k.step, "status": k.status,
+                     "created_at": k.at, "bytes": sizes.get(k.version)} for k in labels])
         return
-    table(("version", "created", "bytes"), ((v, local_time(at), size) for v, at, size in kept))
+    table(("version", "step", "status", "created", "bytes"),
+          ((k.version, k.step, k.status, local_time(k.at), sizes.get(k.version))
+           for k in labels))
 
 
 @main.command()

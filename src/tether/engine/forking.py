@@ -46,6 +46,9 @@ class ForkPlan:
     fork_id: str
     by: str
     redo_side_effects: bool = False
+    paused: bool = False
+    """Start the fork paused, whatever the version's status: a person looks first, then
+    resumes it."""
 
 
 async def fork(store: Store, settings: Settings, plan: ForkPlan, worker: str) -> Snapshot:
@@ -54,6 +57,8 @@ async def fork(store: Store, settings: Settings, plan: ForkPlan, worker: str) ->
     old = Snapshot.loads(head, plan.source, plan.version)
     rows = (await store.read_history(plan.source, old.history_segments))[: old.history_len]
     snap, owned = await _forked(store, old, plan)
+    if plan.paused:
+        snap.status = Status.PAUSED
     now = time.time()
     empty = Snapshot.loads(snap.dumps(), plan.fork_id, 1)
     empty.status, empty.history_len = Status.PAUSED, 0

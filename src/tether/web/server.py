@@ -216,6 +216,7 @@ class Fork(BaseModel):
                                 description="A kept version; default: the newest")
     task_id: str | None = Field(None, max_length=TASK_ID, description="The fork's id")
     redo_side_effects: bool = False
+    paused: bool = Field(False, description="Start it paused, for a person to resume")
 
 
 class NewSchedule(BaseModel):
@@ -408,7 +409,8 @@ def create_app(harness: Harness, config: ServerConfig) -> FastAPI:
         """A new task from a kept version of this one (which stays as it is): its own id and
         idempotency keys, this task's history up to that version."""
         fork_id = await harness.fork(task_id, body.version, new_task_id=body.task_id,
-                                     redo_side_effects=body.redo_side_effects, by=_by(request))
+                                     redo_side_effects=body.redo_side_effects,
+                                     paused=body.paused, by=_by(request))
         return {"task_id": fork_id, "forked_from": task_id}
 
     @app.get("/api/schedules")
