@@ -334,3 +334,42 @@ def test_serve_says_where_it_is_watch_reads_its_stream_and_serve_logs_its_stop(
         holding.kill()
     finally:
         server.kill()
+
+
+NEEDS_PERSON_APP = '''
+import tether as tt
+
+harness = tt.Harness(settings=tt.Settings(max_recovery_attempts=1, recovery_backoff=0.01))
+
+
+@harness.agent("stuck")
+class Stuck(tt.Agent):
+    async def plan(self, t):
+        raise ValueError("the warehouse is closed")
+'''
+
+
+def test_watch_stops_at_a_task_that_needs_a_person_unless_told_to_keep_following(
+        tmp_path: Path) -> None:
+    """Issue 29: `tether watch` ends (exit 2) when the task needs a person, saying where to
+    look; with --keep-following it goes on until the task ends (here: cancelled, exit 1)."""
+    (tmp_path / "stuckapp.py").write_text(NEEDS_PERSON_APP)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "TETHER_APP": "stuckapp:harness",
+           "TETHER_STORE": f"sqlite:///{tmp_path / 'stuck.db'}", "COLUMNS": "200"}
+    tether = [sys.executable, "-m", "tether"]
+    task = subprocess.run([*tether, "submit", "stuck"], env=env, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    subprocess.run([*tether, "worker", "--until-idle"], env=env, check=True,
+                   capture_output=True, timeout=60)
+    stopped = subprocess.run([*tether, "watch", task], env=env, capture_output=True, text=True,
+                             timeout=60)
+    assert stopped.returncode == 2, stopped.stdout + stopped.stderr
+    assert "stopped following: needs_human" in stopped.stdout
+    following = subprocess.Popen([*tether, "watch", task, "--keep-following"], env=env,
+                                 stdout=subprocess.PIPE, text=True)
+    assert following.stdout is not None
+    assert "needs_human" in following.stdout.readline()  # it is following, past that state
+    subprocess.run([*tether, "cancel", task], env=env, check=True, capture_output=True,
+                   timeout=60)
+    rest, _ = following.communicate(timeout=60)
+    assert following.returncode == 1 and "cancelled" in rest

@@ -37,52 +37,68 @@ RECONNECT_SECONDS = 30.0
               help="The server's read or operator token; better given as TETHER_TOKEN, which"
                    " other users cannot see in the process list.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per change.")
+@click.option("--keep-following", is_flag=True,
+              help="Go on following a task that needs a person (by default the command ends"
+                   " there, exit 2, so a script sees it at once).")
 @click.pass_context
 def watch(ctx: click.Context, task_id: str, server: str | None, token: str | None,
-          as_json: bool) -> None:
-    """Follow a task as it runs, until it completes, fails or is cancelled."""
+          as_json: bool, keep_following: bool) -> None:
+    """Follow a task as it runs, until it completes (exit 0), fails or is cancelled (exit
+    1), or needs a person (exit 2; with --keep-following, until it ends)."""
+    stop_at = frozenset() if keep_following else frozenset({"needs_human"})
     if server is None:
-        ctx.invoke(_watch_store, task_id=task_id, as_json=as_json)
+        ctx.invoke(_watch_store, task_id=task_id, as_json=as_json, stop_at=stop_at)
         return
     base = _server_url(server)
     if not token:
         raise click.UsageError("--server needs a token: set TETHER_TOKEN (or --token)")
     try:
-        ended = asyncio.run(_watch_server(base, token, task_id, as_json))
+        ended = asyncio.run(_watch_server(base, token, task_id, as_json, stop_at))
     except tt.TetherError as exc:  # refused by the server, or the stream could not be had
         error(exc)
         raise SystemExit(1) from None
     except KeyboardInterrupt:
         raise SystemExit(130) from None
-    raise SystemExit(0 if ended == "completed" else 1)
+    raise SystemExit(exit_code(ended))
+
+
+def exit_code(ended: str) -> int:
+    return 0 if ended == "completed" else 2 if ended == "needs_human" else 1
 
 
 @reading_command
-async def _watch_store(harness: tt.Harness, task_id: str, as_json: bool) -> None:
+async def _watch_store(harness: tt.Harness, task_id: str, as_json: bool,
+                       stop_at: frozenset[str]) -> None:
     try:
-        ended = await _show(follow(harness, task_id), as_json)
+        ended = await _show(follow(harness, task_id), as_json, stop_at)
     except asyncio.CancelledError:  # Ctrl-C
         raise SystemExit(130) from None
-    raise SystemExit(0 if ended == "completed" else 1)
+    raise SystemExit(exit_code(ended))
 
 
-async def _watch_server(base: str, token: str, task_id: str, as_json: bool) -> str:
+async def _watch_server(base: str, token: str, task_id: str, as_json: bool,
+                        stop_at: frozenset[str]) -> str:
     """The server's stream through :class:`tether.client.AsyncClient` (which takes a dropped
     connection up again from the last position)."""
     from tether.client import AsyncClient
 
     async with AsyncClient(base, token, retry_for=RECONNECT_SECONDS) as client:
-        return await _show(client.watch(task_id), as_json)
+        return await _show(client.watch(task_id), as_json, stop_at)
 
 
-async def _show(changes: AsyncGenerator[Change], as_json: bool) -> str:
-    """Print each change; the status the task ended in."""
+async def _show(changes: AsyncGenerator[Change], as_json: bool,
+                stop_at: frozenset[str] = frozenset()) -> str:
+    """Print each change; the status the task ended in, or the status in *stop_at* it
+    reached (a task that needs a person)."""
     printer = _Printer(as_json)
     async with aclosing(changes):  # the stream's connection is closed here, in this loop
         async for change in changes:
             printer.show(change)
             if change.kind == "end":
                 return str(change.data.get("status"))
+            if change.kind == "state" and change.data.get("status") in stop_at:
+                printer.stopped(change.data)
+                return str(change.data["status"])
     return "unknown"
 
 
@@ -127,6 +143,11 @@ class _Printer:
         self.previous = None
         say(("-- rolled back: the dialog of version ", "yellow"), (data["version"], "yellow"),
             (" follows --", "yellow"))
+
+    def stopped(self, data: dict[str, Any]) -> None:
+        if not self.as_json:
+            say(("stopped following: ", "bold"), (data["status"], "yellow"),
+                f" · `tether show {data['task_id']}` says what it needs")
 
     def _end(self, data: dict[str, Any]) -> None:
         say(("ended: ", "bold"), (data["status"], "green" if data["status"] == "completed"
