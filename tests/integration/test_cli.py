@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -183,3 +184,31 @@ def test_r13_an_unreachable_postgres_store_is_one_clear_line(cli, monkeypatch) -
     out = cli("ls", ok=False)
     assert out.startswith("error: PostgreSQL store") and out.count("\n") == 1, out
     assert "is unavailable for now" in out and "secret" not in out
+
+
+def test_the_app_is_named_by_its_module_and_read_only_commands_never_import_it(
+        cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """Issue 29: `--app billing` means `billing:harness`; an app that cannot be loaded is one
+    line (exit 1, no usage banner); commands that only read the store (ls, show, history,
+    versions, export, watch) do not import the app at all, so a slow or broken import
+    costs them nothing."""
+    (tmp_path / "billing.py").write_text(
+        "import os, tether as tt\n"
+        "if os.environ.get('BILLING_BROKEN'):\n"
+        "    raise RuntimeError('billing cannot start: no credentials')\n"
+        "harness = tt.Harness()\n"
+        "@harness.agent('invoice')\n"
+        "class Invoice(tt.Agent):\n"
+        "    async def plan(self, task):\n"
+        "        return tt.Finish('invoiced')\n")
+    monkeypatch.chdir(tmp_path)
+    task_id = cli("--app", "billing", "submit", "invoice").strip()
+    cli("--app", "billing", "worker", "--until-idle")
+    monkeypatch.setenv("BILLING_BROKEN", "1")
+    monkeypatch.delitem(sys.modules, "billing")  # this process imported it: forget it
+    for command in (["ls"], ["show", task_id], ["history", task_id], ["versions", task_id]):
+        assert "billing cannot start" not in cli("--app", "billing", *command)
+    assert "billing" not in sys.modules
+    out = cli("--app", "billing", "submit", "invoice", ok=False)
+    assert "cannot load app 'billing'" in out and "no credentials" in out
+    assert "Usage:" not in out and "Traceback" not in out

@@ -38,24 +38,23 @@ class NoStore(tt.ConfigurationError):
 
 
 def load_app(spec: str, store: str, store_given: bool = True) -> tt.Harness:
-    """The application's harness (see :func:`tether.apps.load_harness`); a spec that names
-    no harness is a usage error of the command line."""
-    try:
-        return load_harness(spec, store, store_given)
-    except tt.ConfigurationError as exc:
-        raise click.UsageError(str(exc)) from exc
+    """The application's harness (see :func:`tether.apps.load_harness`); an app that cannot
+    be loaded is a ConfigurationError, said in one line like any other (exit 1)."""
+    return load_harness(spec, store, store_given)
 
 
-def app_harness(ctx: click.Context, steers: bool = False) -> tt.Harness:
+def app_harness(ctx: click.Context, steers: bool = False, codeless: bool = False
+                ) -> tt.Harness:
     """The harness of the app the command line names (``--app``, ``--store``).
 
     A command that steers tasks (a lever, the server) without an app named explicitly gets
     a harness with no code at all, never the built-in examples: another app's agents and
     tools of the same names would judge the user's tasks by the wrong rules (run the
     examples' reconcile hook on the user's call, say). Such a harness stores the lever, and
-    the task's own workers apply it."""
+    the task's own workers apply it. A *codeless* command (one that only reads the store)
+    never imports the app: an app's imports can take seconds."""
     obj = ctx.find_root().obj
-    if steers and not obj["app_given"]:
+    if codeless or (steers and not obj["app_given"]):
         return tt.Harness(obj["store"])
     return load_app(obj["app"], obj["store"], obj["store_given"])
 
@@ -85,6 +84,12 @@ def reading_command(fn: Command[T]) -> Callable[..., T]:
     return _run_with_harness(fn, reads_only=True, serves=False)
 
 
+def store_reading_command(fn: Command[T]) -> Callable[..., T]:
+    """A :func:`reading_command` that needs nothing of the app's code (what the store holds
+    is all it shows), so it does not import the app."""
+    return _run_with_harness(fn, reads_only=True, serves=False, codeless=True)
+
+
 def serving_command(fn: Command[T]) -> Callable[..., T]:
     """A :func:`harness_command` that runs until stopped (a worker, the server): the cache's
     own warnings stay in its log, since Redis may fail again later."""
@@ -92,12 +97,12 @@ def serving_command(fn: Command[T]) -> Callable[..., T]:
 
 
 def _run_with_harness(fn: Command[T], *, reads_only: bool, serves: bool,
-                      steers: bool = False) -> Callable[..., T]:
+                      steers: bool = False, codeless: bool = False) -> Callable[..., T]:
     @functools.wraps(fn)
     @click.pass_context
     def wrapper(ctx: click.Context, *args: Any, **kwargs: Any) -> T:
         async def with_harness() -> T:
-            harness = app_harness(ctx, steers)
+            harness = app_harness(ctx, steers, codeless)
             try:
                 if reads_only and not ctx.find_root().obj["store_given"]:
                     refuse_missing_default_store(harness)

@@ -43,6 +43,7 @@ from tether.cli.app import (
     reading_command,
     refuse_missing_store,
     serving_command,
+    store_reading_command,
     warn_if_cache_unreachable,
 )
 from tether.cli.integrity import Report, check_store
@@ -263,7 +264,7 @@ def _refuse_missing_input(harness: tt.Harness, agent: str, task_input: Any) -> N
 @main.command(name="ls")
 @click.option("--status", type=click.Choice([s.value for s in tt.Status]), help="Only this status.")
 @click.option("--json", "as_json", is_flag=True)
-@reading_command
+@store_reading_command
 async def list_tasks(harness: tt.Harness, status: str | None, as_json: bool) -> None:
     """List tasks, newest first (`show ID` for one task whole)."""
     records = await harness.reads.tasks(tt.Status(status) if status else None)
@@ -283,7 +284,7 @@ SHOWN_CHARS = 400
 @main.command()
 @click.argument("task_id")
 @click.option("--json", "as_json", is_flag=True)
-@reading_command
+@store_reading_command
 async def show(harness: tt.Harness, task_id: str, as_json: bool) -> None:
     """Where a task is: status, step, stack, current call, recovery state, and the due time
     it waits for."""
@@ -372,7 +373,7 @@ def usage_text(usage: Mapping[str, int]) -> str:
 @main.command()
 @click.argument("task_id")
 @click.option("--json", "as_json", is_flag=True)
-@reading_command
+@store_reading_command
 async def history(harness: tt.Harness, task_id: str, as_json: bool) -> None:
     """The task's full dialog."""
     rows = await harness.history(task_id)
@@ -435,7 +436,7 @@ def _limit_size(limit: tt.Limit | None) -> str:
 @main.command()
 @click.argument("task_id")
 @click.option("--json", "as_json", is_flag=True)
-@reading_command
+@store_reading_command
 async def versions(harness: tt.Harness, task_id: str, as_json: bool) -> None:
     """Kept snapshot versions, each with its step, status and time, so a person can tell
     which is before the charge (`rollback --to` and `fork --from` take any of them)."""
@@ -456,7 +457,7 @@ async def versions(harness: tt.Harness, task_id: str, as_json: bool) -> None:
 @main.command()
 @click.argument("task_id")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True)
-@reading_command
+@store_reading_command
 async def export(harness: tt.Harness, task_id: str, output: str) -> None:
     """Write the task's handoff bundle (reason, failed call, dialog, events, recovery log)
     to a JSON file."""

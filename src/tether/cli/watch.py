@@ -19,7 +19,7 @@ import click
 import orjson
 
 import tether as tt
-from tether.cli.app import reading_command
+from tether.cli.app import store_reading_command
 from tether.cli.render import echo, error, local_time, say
 from tether.watching import Change, follow
 from tether.web.timeline import recovery_entry, row_entry
@@ -66,7 +66,7 @@ def exit_code(ended: str) -> int:
     return 0 if ended == "completed" else 2 if ended == "needs_human" else 1
 
 
-@reading_command
+@store_reading_command
 async def _watch_store(harness: tt.Harness, task_id: str, as_json: bool,
                        stop_at: frozenset[str]) -> None:
     try:
