@@ -446,3 +446,21 @@ def test_the_readme_llm_example_asks_for_the_model_in_openai_model(
         runpy.run_path(str(example), run_name="__main__")
         assert [r["model"] for r in fake.requests] == ["my-local-model"]
     assert capsys.readouterr().out == "completed: Nothing to refund.\n"
+
+
+def test_serve_on_a_port_in_use_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                             ) -> None:
+    """Issue 29: not uvicorn's 54-line traceback: one line that says what to do, exit 1."""
+    import socket
+
+    monkeypatch.chdir(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run("--store", f"sqlite:///{tmp_path / 's.db'}", "serve", "--port", str(port),
+                     "--tokens", "0123456789abcdef0123:read", code=1)
+    said = [line for line in result.output.strip().splitlines() if line.strip()]
+    assert said == [
+        f"error: cannot listen on 127.0.0.1:{port}: Address already in use; another server has"
+        " that port: stop it, or choose another with --port"], said

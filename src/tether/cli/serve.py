@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
+import socket
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
@@ -68,6 +70,7 @@ async def serve(harness: tt.Harness, host: str, port: int, tokens: str, webhook_
                                " with --app module:harness or TETHER_APP (the built-in"
                                " examples: --app tether.examples:demo_app)")
     await probe_store(harness, warn=True)
+    listening = _listening_socket(host, port)  # a port in use is one line, before anything
     app = create_app(harness, config)
     server = _server_class()(uvicorn.Config(
         app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=GRACE_SECONDS,
@@ -83,7 +86,7 @@ async def serve(harness: tt.Harness, host: str, port: int, tokens: str, webhook_
             worker = asyncio.create_task(harness.serve(concurrency, stop=stop)) \
                 if with_worker else None
             try:
-                serving = asyncio.create_task(server.serve())
+                serving = asyncio.create_task(server.serve(sockets=[listening]))
                 await _announce(server, serving, with_worker)
                 await serving
             finally:
@@ -166,6 +169,23 @@ def _lifespan_starting(harness: tt.Harness) -> str | None:
         name = frame.f_locals.get("name")
         return name if isinstance(name, str) else None
     return None
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound here so that a port in use, or a host this machine does
+    not have, is a one-line error rather than uvicorn's traceback."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise tt.ConfigurationError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+            + ("; another server has that port: stop it, or choose another with --port"
+               if exc.errno == errno.EADDRINUSE else "")) from None
+    return sock
 
 
 def _server_class() -> type[Any]:
