@@ -35,13 +35,14 @@ from tether.engine.calls import (
 )
 from tether.engine.forking import ForkPlan
 from tether.engine.forking import fork as fork_task
+from tether.engine.holders import new_worker_id
 from tether.engine.housekeeping import Swept, sweep
 from tether.engine.inbox import Inbox
 from tether.engine.limits import held_repeat
 from tether.engine.loading import newest_readable
 from tether.engine.runner import Runner
 from tether.engine.timers import Moment, due_time
-from tether.engine.worker import Worker, new_worker_id, run_claimed
+from tether.engine.worker import Worker, run_claimed
 from tether.errors import (
     CallInFlight,
     ConfigurationError,

@@ -25,14 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import socket
 import time
-import uuid
 from collections.abc import Coroutine, Iterable
 from typing import Any, Protocol
 
 from tether.engine.admission import HELD_BACK
+from tether.engine.holders import certainly_dead
 from tether.engine.host import RunnerHost
 from tether.engine.housekeeping import keep_house
 from tether.engine.runner import Runner
@@ -94,10 +92,6 @@ class WorkerHost(RunnerHost, Protocol):
     async def start_run(self, schedule: ScheduleRecord, task_id: str) -> None:
         """Start one run of a schedule: its agent's task under *task_id* (TaskExists if it
         was started already)."""
-
-
-def new_worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
 class Renewals:
@@ -164,6 +158,7 @@ class Worker:
         self._stranded: list[Claim] = []
         self._leases_seen: dict[str, float] = {}
         """Leases held elsewhere, as an idle run until idle saw them (task id -> expiry)."""
+        self._next_dead_look = 0.0
         self._alive: set[str] = set()
         """Tasks whose holder renewed its lease meanwhile: a live worker, not waited for."""
         self._fatal: CorruptStore | None = None
@@ -194,6 +189,7 @@ class Worker:
                         await self.harness.wake_waiting()
                         wake_waiting = False
                     await self._release_stranded()
+                    await self._take_from_the_dead()
                     claimed = await self._fill()
                 except StoreUnavailable as error:
                     await self._pause(self.outage.failed(error), stop)
@@ -250,6 +246,25 @@ class Worker:
                                          " was unavailable; that worker carries it on",
                                          claim.task_id)
             self._stranded.pop(0)
+
+    async def _take_from_the_dead(self) -> None:
+        """End the leases of running tasks whose holder is a worker of this place whose
+        process is gone (:mod:`tether.engine.holders`): the claim round right after takes
+        them, instead of waiting out the lease. Looked at while this worker has room."""
+        clock = time.monotonic()
+        if clock < self._next_dead_look or len(self.active) >= self.concurrency:
+            return
+        self._next_dead_look = clock + max(1.0, self.harness.settings.lease_seconds / 10)
+        now = time.time()
+        for task in await self.harness.running_tasks(LEASES_LOOKED_AT):
+            holder = task.lease_owner
+            if holder is None or holder == self.harness.worker_id \
+                    or (task.lease_until or 0.0) <= now or not certainly_dead(holder):
+                continue
+            if await self.harness.store.break_lease(task.task_id, holder):
+                self.harness.log.info("task %s: its worker %s is dead (its process is gone);"
+                                      " taking it over now, not when its lease runs out",
+                                      task.task_id, holder)
 
     async def _fill(self) -> bool:
         """Claim work for the free slots, a few claims at a time (a store may take them in one
@@ -378,6 +393,10 @@ class Worker:
 
     async def _run_one(self, claim: Claim) -> None:
         this = asyncio.current_task()
+        if claim.crashed:
+            self.harness.log.info("task %s: taken over from a worker that stopped holding it"
+                                  " (crash %d in a row); recovering from its last checkpoint",
+                                  claim.task_id, claim.crashes)
         try:
             await _run(self.harness, claim, steps=True)
         except Stranded as stranded:

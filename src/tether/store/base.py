@@ -219,6 +219,11 @@ class WorkerStore(SnapshotReads, Protocol):
     async def renew(self, claim: Claim, until: float) -> None:
         """Extend a lease; :class:`LeaseLost` if it is no longer ours."""
 
+    async def break_lease(self, task_id: str, holder: str) -> bool:
+        """End *holder*'s lease on the task now, if it still holds it (a worker that knows
+        the holder is dead: the task can be claimed at once, as after its lease ran out);
+        whether it did."""
+
     async def release(self, claim: Claim, hold_until: float | None = None) -> None:
         """Give a lease back cleanly (not a crash); *hold_until* keeps the task unclaimable
         until then (a worker backing off a task it cannot run)."""

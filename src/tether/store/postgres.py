@@ -99,6 +99,8 @@ RETURNING t.task_id, t.fence, t.crashes, t.head_version, t.created_at,
           chosen.lease_owner IS NOT NULL AND chosen.status NOT IN {q.FINISHED} AS crashed
 """
 _RENEW = f"UPDATE tasks SET lease_until = {_CLOCK} + %s WHERE task_id = %s"
+_BREAK = ("UPDATE tasks SET lease_until = 0 WHERE task_id = %s AND lease_owner = %s"
+          " AND lease_until > 0")
 _RELEASE = (f"UPDATE tasks SET lease_owner = NULL, lease_until = {_CLOCK} + %s, fence = fence + 1"
             " WHERE task_id = %s")
 _BLOBS = "SELECT digest, data FROM blobs WHERE digest = ANY(%s::text[])"
@@ -256,6 +258,11 @@ class PostgresStore(SQLBackend):
         async with self._tx() as conn:
             await self._check_fence(conn, claim)
             await conn.execute(_RENEW, (until - time.time(), claim.task_id))
+
+    async def break_lease(self, task_id: str, holder: str) -> bool:
+        async with self._tx() as conn:
+            cur = await conn.execute(_BREAK, (task_id, holder))
+            return cur.rowcount > 0
 
     async def release(self, claim: Claim, hold_until: float | None = None) -> None:
         async with self._tx() as conn:

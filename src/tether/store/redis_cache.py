@@ -182,6 +182,7 @@ class CachedStore:
         self.read_history = inner.read_history
         self.list_versions = inner.list_versions
         self.renew = inner.renew
+        self.break_lease = inner.break_lease
         self.set_status = inner.set_status  # the head and its version stay
         self.next_epoch = inner.next_epoch
         self.add_event = inner.add_event

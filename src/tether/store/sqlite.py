@@ -100,6 +100,8 @@ _TAKE = ("UPDATE tasks SET lease_owner = ?, lease_until = ?, fence = fence + 1,"
          " crashes = crashes + ? WHERE task_id = ? RETURNING fence, crashes")
 # Lease ends are this machine's clock (PostgreSQL's are the server's: its own statements).
 _RENEW = "UPDATE tasks SET lease_until = ? WHERE task_id = ?"
+_BREAK = ("UPDATE tasks SET lease_until = 0 WHERE task_id = ? AND lease_owner = ?"
+          " AND lease_until > 0")
 _RELEASE = "UPDATE tasks SET lease_owner = NULL, lease_until = ?, fence = fence + 1 WHERE task_id = ?"
 # A new head takes over the row of the oldest version falling out of the kept ones (by rowid,
 # which only SQLite has): see _put_head.
@@ -222,6 +224,10 @@ class SQLiteStore(SQLBackend):
         with self._transaction() as db:
             self._check_fence(db, claim)
             db.execute(_RENEW, (until, claim.task_id))
+
+    async def break_lease(self, task_id: str, holder: str) -> bool:
+        with self._transaction() as db:
+            return db.execute(_BREAK, (task_id, holder)).rowcount > 0
 
     async def release(self, claim: Claim, hold_until: float | None = None) -> None:
         """Through the group commit: tasks ending together (a recovering worker's) share one

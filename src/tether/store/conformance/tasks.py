@@ -270,6 +270,25 @@ class TaskConformance:
         assert again is not None and again.task_id == "t1"
         assert again.crashed is True
 
+    async def test_a_lease_broken_for_a_dead_holder_is_claimable_at_once(self, store: Store
+                                                                         ) -> None:
+        """Issue 29: a worker that knows the holder is dead ends its lease; the task is claimed
+        now, as a crash, and the fence moves on. Only the holder named: another's lease, or
+        one already released, is left alone."""
+        now = time.time()
+        await make_task(store, "t1")
+        lease = await claim(store, "t1", now)
+        await commit(store, lease, Status.RUNNING, now)
+        holder = (await store.get_task("t1")).lease_owner
+        assert holder is not None
+        assert not await store.break_lease("t1", "someone-else")
+        assert await store.claim("w2", now + 1, LEASE) is None  # still held
+        assert await store.break_lease("t1", holder)
+        taken = await store.claim("w2", now + 1, LEASE)
+        assert taken is not None and taken.task_id == "t1" and taken.crashed
+        assert taken.fence > lease.fence
+        assert not await store.break_lease("t1", holder)  # not its lease any more
+
     async def test_crashes_counted_at_claim_and_reset_by_progress(self, store: Store) -> None:
         """R12: each expired lease is counted by the store when the task is claimed again, even
         if the claimer dies before committing; a commit that made progress starts the count again."""

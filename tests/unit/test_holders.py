@@ -1,0 +1,44 @@
+"""Which lease holders are certainly dead (issue 29): a worker of this place (kernel and PID
+namespace) whose process is gone, reaped or a zombie; never one that may be alive, nor one
+of another place, nor this process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from tether.engine import holders
+
+
+def holder(pid: int, place: str | None = None) -> str:
+    return f"host:{pid}:abc123:{holders.place() if place is None else place}"
+
+
+def test_r13_a_worker_id_names_its_host_process_and_place() -> None:
+    host, pid, _, place = holders.new_worker_id().rsplit(":", 3)
+    assert int(pid) == os.getpid() and place == holders.place() and len(place) == 10
+
+
+def test_r13_a_killed_process_is_dead_whether_reaped_or_a_zombie() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert not holders.certainly_dead(holder(child.pid))  # alive
+        os.kill(child.pid, signal.SIGKILL)
+        end = time.monotonic() + 10  # the kernel ends it at once; a loaded machine may lag
+        while not holders.certainly_dead(holder(child.pid)) and time.monotonic() < end:
+            time.sleep(0.01)
+        assert holders.certainly_dead(holder(child.pid))  # a zombie: killed, not yet reaped
+    finally:
+        child.wait(timeout=10)
+    assert holders.certainly_dead(holder(child.pid))  # reaped: no such process
+
+
+def test_r13_in_doubt_a_holder_is_alive() -> None:
+    assert not holders.certainly_dead(holder(os.getpid()))  # this very process
+    assert not holders.certainly_dead(holder(1))
+    assert not holders.certainly_dead(holder(999_999_999, place="0123456789"))  # elsewhere
+    for garbage in (None, "", "worker-7", "host:notapid:abc:x", f"host:12:{holders.place()}"):
+        assert not holders.certainly_dead(garbage)
