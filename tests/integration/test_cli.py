@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -212,3 +214,46 @@ def test_the_app_is_named_by_its_module_and_read_only_commands_never_import_it(
     out = cli("--app", "billing", "submit", "invoice", ok=False)
     assert "cannot load app 'billing'" in out and "no credentials" in out
     assert "Usage:" not in out and "Traceback" not in out
+
+
+def test_the_worker_logs_each_recovery_it_makes_and_takes_its_lease_from_the_command_line(
+        cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """Issue 29: one INFO line per recovery (default --log-level info); --lease-seconds and
+    --log-level are checked like any option."""
+    (tmp_path / "flaky.py").write_text(
+        "import tether as tt\n"
+        "harness = tt.Harness(settings=tt.Settings(recovery_backoff=0.01))\n"
+        "CALLS = []\n"
+        "@harness.tool(idempotent=True, retry=tt.RetryPolicy(max_attempts=1))\n"
+        "async def fetch(ctx):\n"
+        "    CALLS.append(1)\n"
+        "    if len(CALLS) == 1:\n"
+        "        raise ConnectionError('upstream reset the connection')\n"
+        "    return 'fetched'\n"
+        "@harness.agent('reader')\n"
+        "class Reader(tt.Agent):\n"
+        "    async def plan(self, task):\n"
+        "        if task.last_tool_result is None:\n"
+        "            return tt.ToolCall('fetch')\n"
+        "        return tt.Finish(task.last_tool_result)\n")
+    monkeypatch.chdir(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "TETHER_APP": "flaky",
+           "COLUMNS": "300"}
+    tether = [sys.executable, "-m", "tether"]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*tether, *args], env=env, cwd=tmp_path, capture_output=True,
+                              text=True, timeout=60)
+
+    task_id = run("submit", "reader").stdout.strip()
+    worked = run("worker", "--until-idle", "--lease-seconds", "7")
+    assert worked.returncode == 0, worked.stderr
+    assert f"recovery retry_backoff on task {task_id}" in worked.stderr
+    assert "upstream reset the connection" in worked.stderr
+    assert json.loads(cli("show", task_id, "--json"))["snapshot"]["result"] == "fetched"
+    again = run("submit", "reader").stdout.strip()
+    quiet = run("worker", "--until-idle", "--log-level", "warning")
+    assert quiet.returncode == 0 and "recovery" not in quiet.stderr  # it failed once too: hidden
+    assert json.loads(cli("show", again, "--json"))["snapshot"]["status"] == "completed"
+    refused = run("worker", "--lease-seconds", "0.2")
+    assert refused.returncode == 2 and "--lease-seconds" in refused.stderr

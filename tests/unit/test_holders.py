@@ -18,7 +18,7 @@ def holder(pid: int, place: str | None = None) -> str:
 
 
 def test_r13_a_worker_id_names_its_host_process_and_place() -> None:
-    host, pid, _, place = holders.new_worker_id().rsplit(":", 3)
+    _, pid, _, place = holders.new_worker_id().rsplit(":", 3)
     assert int(pid) == os.getpid() and place == holders.place() and len(place) == 10
 
 

@@ -13,6 +13,7 @@ the levers are :mod:`tether.cli.levers`.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import signal
@@ -146,9 +147,17 @@ def _app_argument(ctx: click.Context, _param: click.Parameter, value: str | None
               help="Start degraded: every task runs its agent's fallback.")
 @click.option("--events", envvar="TETHER_EVENTS", metavar="REDIS_URL",
               help="Also take events from the Redis Stream tether:events (consumer group).")
+@click.option("--lease-seconds", type=click.FloatRange(min=1.0),
+              help="How long this worker's leases last before another worker may take its"
+                   " tasks over (default: the app's settings).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
+              default="info", show_default=True,
+              help="What the worker logs: info says each task it takes over from a dead"
+                   " worker, and each task handed to a person.")
 @serving_command
 async def worker(harness: tt.Harness, concurrency: int, until_idle: bool,
-                 drain_timeout: float | None, degraded: str | None, events: str | None) -> None:
+                 drain_timeout: float | None, degraded: str | None, events: str | None,
+                 lease_seconds: float | None, log_level: str) -> None:
     """Claim, run and recover tasks of APP (module:harness; default --app).
 
     Any number of workers, in one process or many, may share a store. SIGTERM or
@@ -166,6 +175,10 @@ async def worker(harness: tt.Harness, concurrency: int, until_idle: bool,
     await probe_store(harness, warn=False)  # the worker logs an outage itself, and rides it out
     if drain_timeout is not None:
         harness.settings = harness.settings.replace(drain_timeout=drain_timeout)
+    if lease_seconds is not None:
+        harness.settings = harness.settings.replace(lease_seconds=lease_seconds)
+    if not logging.getLogger().handlers:  # an app that set up logging decides for itself
+        harness.log.setLevel(log_level.upper())
     if degraded:
         harness.degrade({"reason": degraded})
     stop = asyncio.Event()

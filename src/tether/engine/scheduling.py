@@ -71,7 +71,7 @@ async def _fire(store: WorkerStore, start: StartRun, log: logging.Logger,
             return started, False
         moved = await store.advance_schedule(schedule.name, schedule.next_at, following, now)
         if moved:
-            log.info("schedule %s: started %d run(s)%s; next at %s", schedule.name, len(runs),
+            log.debug("schedule %s: started %d run(s)%s; next at %s", schedule.name, len(runs),
                      f", {len(runs) - 1} of them late" if len(runs) > 1 else "",
                      time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(following)))
     return started, moved
