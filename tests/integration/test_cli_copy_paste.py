@@ -243,6 +243,9 @@ def test_show_names_the_due_time_each_task_waits_for(app: str) -> None:
         due = [line for line in out.splitlines() if line.startswith("due for a look at ")]
         assert len(due) == 1 and due[0].endswith(f": {reason}"), out
         assert "(a timer, deadline, scheduled start or back-off)" not in out
+    shown = " ".join(run("show", waiting).stdout.split())
+    assert "waiting for: an approval event, until " in shown  # what it waits for, and when
+    assert f"`tether emit {waiting} approval --payload JSON` sends one" in shown
 
 
 def test_ls_fits_80_columns_and_never_cuts_ids_or_statuses(store: Path,

@@ -127,6 +127,24 @@ def test_resume_names_the_cli_user(cli, tmp_path: Path, monkeypatch: pytest.Monk
     assert len(resumed) == 1 and f"resumed by {ME}" in resumed[0]["detail"]
 
 
+def test_show_says_what_a_person_can_do_and_recovery_lists_the_log(
+        cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 29: a task that needs a person shows the commands that move it (the decision
+    first, naming the call in doubt); `tether recovery` lists its recovery log and
+    `history` puts those records among the dialog rows."""
+    task_id = parked_in_doubt(cli, tmp_path)
+    shown = cli("show", task_id)
+    assert "what a person can do:" in shown
+    assert f"tether decide {task_id} happened --result JSON | not_happened | skip" in shown
+    assert f"tether resume {task_id}" in shown and f"tether versions {task_id}" in shown
+    assert f"tether fork {task_id} --paused" in shown
+    log = json.loads(cli("recovery", task_id, "--json"))
+    assert log and log[-1]["resume_strategy"] == "needs_human"
+    assert "needs_human" in cli("recovery", task_id)
+    assert "recovery: needs_human" in cli("history", task_id)
+    assert "no task 'ghost'" in cli("recovery", "ghost", code=1)
+
+
 def test_fork_starts_a_new_task_from_a_kept_version_and_names_who(
         cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """`tether fork` from the parked version, after a person said the refund happened: the

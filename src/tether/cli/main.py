@@ -66,6 +66,8 @@ from tether.cli.render import (
 from tether.cli.schedules import schedule
 from tether.cli.serve import lifespans_until, serve
 from tether.cli.watch import watch
+from tether.engine.admission import HELD_BACK
+from tether.model import TaskRecord, check_task_id
 from tether.store import DEFAULT_URL, open_store
 
 __all__ = ["load_app", "main"]
@@ -285,9 +287,16 @@ async def list_tasks(harness: tt.Harness, status: str | None, as_json: bool) -> 
         print_json([{**plain(r), "status": r.status.value} for r in records])
         return
     table(("id", "agent", "status", "ver", "updated", "reason"),
-          ((r.task_id, r.agent, r.status.value, r.head_version, short_time(r.updated_at),
+          ((r.task_id, r.agent, shown_status(r), r.head_version, short_time(r.updated_at),
             shown(r.reason or "", one_line=True, limit=200)) for r in records),
           no_wrap=(0, 2, 3, 4), cut=(1, 5), compact=True)
+
+
+def shown_status(record: TaskRecord) -> str:
+    """A task's status as a person reads it: one held back by a limit is not running."""
+    if record.lease_owner is None and (record.reason or "").startswith(HELD_BACK):
+        return "held back"
+    return str(record.status.value)
 
 
 SHOWN_CHARS = 400
@@ -307,14 +316,24 @@ async def show(harness: tt.Harness, task_id: str, as_json: bool) -> None:
         print_json({"version": info.version, "etag": info.etag, "reason": info.record.reason,
                     "wake_at": info.record.wake_at, "snapshot": orjson.loads(snap.dumps())})
         return
-    say((task_id, "bold"), " ", snap.agent, "  status ", (snap.status.value, "bold"),
+    say((task_id, "bold"), " ", snap.agent, "  status ", (shown_status(info.record), "bold"),
         f"  step {snap.step}  version {info.version}  etag {info.etag}")
+    if info.damaged:
+        say(("damaged: ", "red"), f"newer version(s) {', '.join(info.damaged)} cannot be read;"
+            f" this is version {info.version}, the newest readable (`tether check` looks at"
+            " the store)")
     say("input: ", shown(snap.input, limit=SHOWN_CHARS))
     if info.record.reason:
         say("reason: ", info.record.reason)
+    wait = snap.stack[-1].wait if snap.stack else None
+    if snap.status is tt.Status.WAITING and wait:
+        due = wait.get("due_at")
+        say("waiting for: an ", (str(wait.get("event_type")), "bold"), " event",
+            f", until {local_time(due)} (then it times out)" if due else ", with no timeout",
+            f"; `tether emit {task_id} {wait.get('event_type')} --payload JSON` sends one")
     if info.record.wake_at is not None:
         say(f"due for a look at {local_time(info.record.wake_at)}: ",
-            due_reason(info.record.wake_at, snap))
+            due_reason(info.record.wake_at, snap, info.record))
     if snap.deadline_at is not None:
         say(f"deadline: {local_time(snap.deadline_at)}")
     if snap.degraded or snap.worker_degraded:
@@ -341,15 +360,37 @@ async def show(harness: tt.Harness, task_id: str, as_json: bool) -> None:
         if traced:
             say("traceback of the last failure:")
             say(shown(traced[-1]["traceback"]))
+    if snap.status is tt.Status.NEEDS_HUMAN:
+        say(("what a person can do:", "bold"))
+        for line in next_steps(task_id, snap, info.version):
+            say("  ", line)
+
+
+def next_steps(task_id: str, snap: tt.Snapshot, version: int) -> list[str]:
+    """The commands that move a task that needs a person, as they apply to this one."""
+    steps = []
+    if snap.call is not None and snap.call.status == "started":
+        steps.append(f"tether decide {task_id} happened --result JSON | not_happened | skip"
+                     f"   (say what became of {snap.call.tool}, key {snap.call.key})")
+    steps += [f"tether resume {task_id} [--message TEXT] [--input JSON]   (once the cause is"
+              " fixed)",
+              f"tether rollback {task_id} --to VERSION   (`tether versions {task_id}` lists"
+              f" them; this is {version})",
+              f"tether fork {task_id} --paused   (a copy to try things on)",
+              f"tether export {task_id} -o bundle.json   (everything, for whoever looks next)",
+              f"tether cancel {task_id}"]
+    return steps
 
 
 DUE_SAME = 0.001
 """Seconds within which a task's due time is taken to be one of its snapshot's due times."""
 
 
-def due_reason(wake_at: float, snap: tt.Snapshot) -> str:
+def due_reason(wake_at: float, snap: tt.Snapshot, record: TaskRecord | None = None) -> str:
     """Which of the task's due times *wake_at* is, from what its snapshot holds (see
-    :func:`tether.engine.timers.wake_time`)."""
+    :func:`tether.engine.timers.wake_time`), or the limit that holds it back."""
+    if record is not None and (record.reason or "").startswith(HELD_BACK):
+        return f"a look whether the limit lets it go on ({record.reason})"
     for due, reason in _due_times(snap):
         if isinstance(due, int | float) and abs(due - wake_at) < DUE_SAME:
             return reason
@@ -388,14 +429,40 @@ def usage_text(usage: Mapping[str, int]) -> str:
 @click.option("--json", "as_json", is_flag=True)
 @store_reading_command
 async def history(harness: tt.Harness, task_id: str, as_json: bool) -> None:
-    """The task's full dialog."""
+    """The task's full dialog, with its recovery records (crashes, retries, reconciles, a
+    person's decisions) in time order among the rows (--json: the dialog rows only;
+    `tether recovery ID --json` has the records)."""
     rows = await harness.history(task_id)
     if as_json:
         print_json(rows)
         return
-    table(("#", "role", "content"),
-          ((n, row.get("role"), shown(_row_content(row), limit=SHOWN_CHARS))
-           for n, row in enumerate(rows, 1)))
+    records = await harness.reads.recovery_log(task_id)
+    lines: list[tuple[float, int, tuple[Any, ...]]] = [
+        (float(row.get("at") or 0.0), n, (n, row.get("role"),
+                                          shown(_row_content(row), limit=SHOWN_CHARS)))
+        for n, row in enumerate(rows, 1)]
+    lines += [(float(r.get("at") or 0.0), len(rows) + n,
+               ("·", f"recovery: {r.get('resume_strategy')}",
+                shown(r.get("detail") or "", limit=SHOWN_CHARS)))
+              for n, r in enumerate(records, 1)]
+    table(("#", "role", "content"), (cells for _, _, cells in sorted(lines)))
+
+
+@main.command()
+@click.argument("task_id")
+@click.option("--json", "as_json", is_flag=True)
+@store_reading_command
+async def recovery(harness: tt.Harness, task_id: str, as_json: bool) -> None:
+    """The task's recovery log: each crash, retry, reconcile, hand-over to a person and
+    person's act, with what it was about and who did it."""
+    await harness.reads.task(check_task_id(task_id))  # an unknown task is an error
+    records = await harness.reads.recovery_log(task_id)
+    if as_json:
+        print_json(records)
+        return
+    table(("when", "strategy", "detail"),
+          ((local_time(float(r.get("at") or 0.0)), r.get("resume_strategy"),
+            shown(r.get("detail") or "", limit=SHOWN_CHARS)) for r in records))
 
 
 def _row_content(row: Mapping[str, Any]) -> Any:
