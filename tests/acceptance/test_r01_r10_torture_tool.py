@@ -6,6 +6,7 @@ It must pass the shipped examples and must find the fault in a deliberately brok
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -90,3 +91,50 @@ def test_cli_exit_status_and_replay_line(tmp_path: Path) -> None:
     out = " ".join(result.stdout.split())
     assert "side effect repeated" in out
     assert "replay: tether torture tether.examples.broken:harness charges" in out
+
+
+def test_r01_a_baseline_that_does_not_complete_fails_the_command(tmp_path: Path) -> None:
+    """Issue 29: with no --input the refund agent cannot complete even undisturbed; torture
+    must not report "no violations" for runs that tested nothing: exit 1, saying why."""
+    result = subprocess.run(
+        [sys.executable, "-m", "tether", "torture", "tether.examples:demo_app", "refund",
+         "--seeds", "1"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env={**os.environ, "COLUMNS": "300"})
+    said = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 1, said
+    assert "does not complete even without faults or kills" in said
+    assert "no violations" not in said
+
+
+RECEIPTS = """
+import tether as tt
+
+harness = tt.Harness()
+
+
+@harness.tool(side_effect=True)
+async def pay(ctx: tt.ToolContext, amount: int) -> dict:
+    return {"paid": amount, "receipt": ctx.idempotency_key}
+
+
+@harness.agent("receipt")
+class Receipt(tt.Agent):
+    async def plan(self, task):
+        if task.last_tool_result is None:
+            return tt.ToolCall("pay", {"amount": task.input["amount"]})
+        return tt.Finish({"receipt": task.last_tool_result["receipt"], "task": task.task_id})
+"""
+
+
+async def test_r01_a_result_holding_tethers_key_is_not_a_result_changed_by_a_restart(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 29: each run is a task of its own, so tether's key (and the task's id) in a
+    result differ from the baseline's whatever the agent does; they are left out of the
+    comparison."""
+    (tmp_path / "receipts_app.py").write_text(RECEIPTS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    report = await torture(Target("receipts_app:harness", "receipt", {"amount": 3}), seeds=3,
+                           faults=False)
+    assert [v for v in report.violations if v.kind == "result changed by a restart"] == []
+    assert report.runs == 3

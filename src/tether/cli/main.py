@@ -561,7 +561,12 @@ def torture(app: str, agent: str, task_input: Any, seeds: int, seed: int | None,
 
     Faults: tool errors, slow tools, model errors, events at awkward moments. Kills: a
     worker process SIGKILLed at a named failpoint, then fresh workers finish the task.
-    Exit 1 if any violation is found; each comes with the command that replays it.
+    Every run is compared with an undisturbed one, which must complete (else exit 1: there
+    is nothing to compare with). Exit 1 if any violation is found; each comes with the
+    command that replays it.
+
+    WARNING: the app's tools run for real, dozens of times, against whatever they call
+    (payments, mail, databases): point the app at test services first.
     """
     from tether.testing import Target
     from tether.testing import torture as run_torture
