@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -178,7 +179,24 @@ def test_r13_migrate_creates_then_keeps_a_postgres_schema_and_workers_run_on_it(
 
 
 def test_r13_migrate_on_sqlite_has_nothing_to_do(cli) -> None:  # type: ignore[no-untyped-def]
-    assert cli("migrate").strip() == "schema is up to date"
+    said = " ".join(cli("migrate").split())
+    assert said == ("the SQLite schema is created when a store is opened: it is there, up to"
+                    " date")
+
+
+def test_gc_says_whether_retention_is_on_and_demo_keep_says_how_to_look(
+        cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """Issue 29: `gc` with no retention says it is off (not only "deleted 0"); `demo --keep`
+    prints the command that looks at what it kept."""
+    said = " ".join(cli("gc").split())
+    assert "deleted 0 finished task(s)" in said and "retention is off" in said
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    kept = " ".join(cli("demo", "--keep").split())
+    folder = re.search(r"demo files kept in (\S+); look at them with:", kept)
+    assert folder is not None, kept
+    assert f"tether --store sqlite:///{folder[1]}/tether.db ls" in kept
+    listed = cli("--store", f"sqlite:///{folder[1]}/tether.db", "ls", "--json")
+    assert len(json.loads(listed)) >= 4
 
 
 def test_r13_an_unreachable_postgres_store_is_one_clear_line(cli, monkeypatch) -> None:  # type: ignore[no-untyped-def]

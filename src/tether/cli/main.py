@@ -107,7 +107,9 @@ def migrate(ctx: click.Context) -> None:
     except tt.TetherError as exc:
         error(exc)
         raise SystemExit(1) from None
-    echo(f"applied: {', '.join(applied)}" if applied else "schema is up to date")
+    echo(f"applied: {', '.join(applied)}" if applied else
+         "the SQLite schema is created when a store is opened: it is there, up to date"
+         if ctx.obj["store"].startswith(("sqlite", "memory")) else "schema is up to date")
 
 
 @main.command()
@@ -126,7 +128,8 @@ def demo(keep: bool) -> None:
         styled.print(f"finished in {time.time() - started:.1f}s")
     finally:
         if keep:
-            say(f"demo files kept in {workdir}")
+            say(f"demo files kept in {workdir}; look at them with:")
+            say(f"  tether --store sqlite:///{workdir / 'tether.db'} ls")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     if not outcome.ok:
@@ -478,8 +481,13 @@ async def gc(harness: tt.Harness) -> None:
     """Delete the finished tasks past their retention and the large values nothing refers
     to, now (workers do it every housekeeping_interval)."""
     swept = await harness.housekeep()
+    kept = {status: keep for status, keep in harness.settings.retention().items()
+            if keep is not None}
+    retention = ("retention: " + ", ".join(f"{s} tasks {k:g}s" for s, k in kept.items())
+                 if kept else "retention is off (Settings.retain_completed, retain_failed,"
+                 " retain_cancelled are unset): finished tasks are kept for ever")
     echo(f"deleted {len(swept.tasks)} finished task(s) past their retention and"
-         f" {swept.blobs} large value(s) nothing refers to")
+         f" {swept.blobs} large value(s) nothing refers to; {retention}")
 
 
 @main.command(name="limits")
