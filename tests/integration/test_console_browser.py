@@ -192,3 +192,39 @@ async def test_r26_a_person_sends_an_event_and_sees_the_rollback_marked_in_the_t
         assert width <= 420, f"the list is {width} px wide at 420 px"
         assert await page.locator("tr", has_text="invoice-initech").count() == 0
         await browser.close()
+
+
+async def test_the_task_page_says_what_it_waits_for_confirms_a_cancel_links_a_fork_and_fits(
+        console: tuple[str, tt.Harness]) -> None:
+    """Issue 29 in the browser: a waiting task says what it waits for; Cancel asks first
+    (dismissed: nothing is cancelled); a fork links to its source; a finished task's page
+    says so (not "live"); the task page fits 420 px."""
+    playwright_api = pytest.importorskip("playwright.async_api")
+    base, harness = console
+    await harness.submit("gate", task_id="waits-here")
+    await until(harness, "waits-here", tt.Status.WAITING)
+    async with playwright_api.async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        page = await browser.new_page(viewport={"width": 1280, "height": 800})
+        await page.goto(f"{base}/console")
+        await page.fill("input[name=token]", TOKEN)
+        await page.click("button[type=submit]")
+        await page.goto(f"{base}/console/tasks/waits-here")
+        assert "waiting for approval, with no timeout" in " ".join(
+            (await page.locator("#waits").inner_text()).split())
+        page.once("dialog", lambda dialog: asyncio.ensure_future(dialog.dismiss()))
+        await page.click("form.cancel button")
+        await asyncio.sleep(0.3)
+        assert (await harness.get("waits-here")).record.status is tt.Status.WAITING
+        fork = await harness.fork("waits-here", new_task_id="forked-one")
+        await page.goto(f"{base}/console/tasks/{fork}")
+        link = page.locator("#forked-from a")
+        assert await link.inner_text() == "waits-here"
+        await page.set_viewport_size({"width": 420, "height": 800})
+        await page.goto(f"{base}/console/tasks/waits-here")
+        width = await page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 420, f"the task page is {width} px wide at 420 px"
+        await harness.emit(tt.Event("approval", "waits-here", "ok"))
+        await until(harness, "waits-here", tt.Status.COMPLETED)
+        await page.locator("#live", has_text="finished").wait_for(timeout=10_000)
+        await browser.close()

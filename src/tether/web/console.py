@@ -238,6 +238,9 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
                     can_send=operator and not status.is_terminal,
                     awaited=str(wait["event_type"]) if operator and wait
                     and status is Status.WAITING else None,
+                    waits=wait if wait and status is Status.WAITING else None,
+                    forked_from=next((r["forked_from"] for r in recoveries
+                                      if isinstance(r.get("forked_from"), dict)), None),
                     event_types=_event_types(harness))
 
     @app.get("/console/tasks/{task_id}/stream", include_in_schema=False)
