@@ -685,3 +685,34 @@ async def test_r03_r08_a_too_deep_body_is_a_422_and_nothing_is_stored(api, level
                              + _nested_json(levels) + b"}", headers=head)
     assert sent.status_code == 422, sent.text
     assert await harness.reads.events("t1") == []
+
+
+async def test_r26_a_named_token_is_who_pulls_the_lever_over_the_api_and_in_the_console(
+        tmp_path: Path) -> None:
+    """Issue 29: `--tokens TOKEN:operator:alice` records levers as `api:alice` and
+    `console:alice` (not a hash of the token); a name for no token is refused."""
+    harness = app_harness(tmp_path / "named.db")
+    config = ServerConfig.from_text(f"{OPERATOR}:operator:alice,{READER}:read")
+    assert config.names == {OPERATOR: "alice"} and config.tokens[READER] == "read"
+    with pytest.raises(tt.ConfigurationError, match="token name"):
+        ServerConfig({OPERATOR: "operator"}, names={"no-such-token-0123456789": "bob"})
+    transport = httpx.ASGITransport(app=create_app(harness, config))
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+        await harness.submit("gate", task_id="n1")
+        await harness.submit("gate", task_id="n2")
+        await harness.run_until_idle(timeout=5)
+        resumed = await client.post("/api/tasks/n1/resume", json={"message": "go on"},
+                                    headers={"Authorization": f"Bearer {OPERATOR}"})
+        assert resumed.status_code == 202
+        origin = {"Origin": "http://testserver"}
+        login = await client.get("/console")
+        await client.post("/console/login", headers=origin,
+                          data={"token": OPERATOR, "csrf": csrf_of(login.text)})
+        page = (await client.get("/console/tasks/n2")).text
+        await client.post("/console/tasks/n2/approve", headers=origin,
+                          data={"csrf": csrf_of(page)})
+    await harness.run_until_idle(timeout=5)
+    assert (await harness.get("n2")).snapshot.result["by"] == "console:alice"
+    log = await harness.reads.recovery_log("n1")
+    assert any("api:alice" in (r.get("detail") or "") for r in log), log
+    await harness.close()

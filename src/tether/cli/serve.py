@@ -38,7 +38,8 @@ GRACE_SECONDS = 5
 @click.option("--port", type=click.IntRange(0, 65535), default=8700, show_default=True,
               help="Port to listen on (0: any free one, printed at start).")
 @click.option("--tokens", envvar="TETHER_TOKENS", default="",
-              help="Bearer tokens and roles: 'tok1:operator,tok2:read' (or TETHER_TOKENS).")
+              help="Bearer tokens and roles: 'tok1:operator,tok2:read' (or TETHER_TOKENS);"
+                   " 'tok1:operator:alice' names who holds it, as levers record it.")
 @click.option("--webhook-secrets", envvar="TETHER_WEBHOOK_SECRETS", default="",
               help="Webhook sources, secrets (16+ bytes) and the event types each may send:"
                    " 'github:SECRET:approval|upstream_ready,billing:SECRET:*'; without a list,"

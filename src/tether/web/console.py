@@ -42,7 +42,6 @@ from tether.web.security import (
     Role,
     TokenTable,
     client_of,
-    operator_id,
     wrong_credential,
 )
 from tether.web.timeline import LiveShape, pretty, side_by_side, timeline, version_labels
@@ -75,9 +74,10 @@ _templates = Environment(loader=PackageLoader("tether.web", "templates"),
 
 def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
                     limiter: FailureLimiter, session_ttl: float = 8 * 3600,
-                    slots: StreamSlots | None = None) -> None:
+                    slots: StreamSlots | None = None,
+                    names: Mapping[str, str] | None = None) -> None:
     """Add the console's pages to the API app."""
-    table = TokenTable(tokens)
+    table = TokenTable(tokens, names)
     sessions = Sessions(session_ttl)
     streams = slots or StreamSlots()
 
@@ -168,7 +168,7 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
         previous = session_of(request)
         if previous is not None:  # a new sign-in never keeps an old session id alive
             sessions.end(previous.id)
-        session = sessions.start(role, operator_id("console", token))
+        session = sessions.start(role, table.who("console", token))
         answer = RedirectResponse("/console", 303)
         answer.set_cookie(SESSION_COOKIE, session.id, max_age=int(sessions.ttl),
                           path=COOKIE_PATH, httponly=True, samesite="strict",

@@ -91,25 +91,36 @@ def bearer_token(values: list[str]) -> str | None:
 
 
 class TokenTable:
-    """The configured tokens, matched in constant time against every one of them."""
+    """The configured tokens, matched in constant time against every one of them, each with
+    its role and, if the operator gave one, the name of the person or service holding it."""
 
-    def __init__(self, tokens: Mapping[str, Role]) -> None:
-        self._digests = [(hashlib.sha256(t.encode()).digest(), role) for t, role in tokens.items()]
+    def __init__(self, tokens: Mapping[str, Role], names: Mapping[str, str] | None = None
+                 ) -> None:
+        named = names or {}
+        self._digests = [(hashlib.sha256(t.encode()).digest(), role, named.get(t))
+                         for t, role in tokens.items()]
 
-    def role_of(self, token: str | None) -> Role | None:
+    def _match(self, token: str | None) -> tuple[Role, str | None] | None:
         if token is None:
             return None
         digest = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
-        found: Role | None = None
-        for candidate, role in self._digests:  # no early exit: every token is compared
+        found: tuple[Role, str | None] | None = None
+        for candidate, role, name in self._digests:  # no early exit: every token is compared
             if hmac.compare_digest(candidate, digest):
-                found = role
+                found = (role, name)
         return found
 
+    def role_of(self, token: str | None) -> Role | None:
+        found = self._match(token)
+        return None if found is None else found[0]
 
-def operator_id(prefix: str, token: str) -> str:
-    """Who pulled a lever, as recorded: the channel and a short hash, never the token."""
-    return f"{prefix}:{hashlib.sha256(token.encode()).hexdigest()[:8]}"
+    def who(self, prefix: str, token: str) -> str:
+        """Who pulled a lever, as recorded: the channel and the token's name (``--tokens
+        alice=TOKEN:operator``), else a short hash of the token; never the token itself."""
+        found = self._match(token)
+        if found is not None and found[1]:
+            return f"{prefix}:{found[1]}"
+        return f"{prefix}:{hashlib.sha256(token.encode()).hexdigest()[:8]}"
 
 
 # --------------------------------------------------------------------------- failures
@@ -238,7 +249,7 @@ class EdgeGuard:
                                               {"WWW-Authenticate": "Bearer"})
             if method not in READ_METHODS and role != "operator":
                 return HTTPRefusal(403, "this token may read but not change tasks")
-            scope.setdefault("state", {})["tether_by"] = operator_id("api", token)
+            scope.setdefault("state", {})["tether_by"] = self.tokens.who("api", token)
         if lengths and int(lengths[0]) > self.max_body:
             return HTTPRefusal(413, f"request body over {self.max_body} bytes")
         return None

@@ -31,6 +31,7 @@ otherwise.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -111,6 +112,7 @@ STATUS_FOR: dict[type[TetherError], int] = {
 }
 """Any other TetherError is a 500 (its message scrubbed of paths); 503 comes with Retry-After."""
 TASK_ID = 128  # the longest id model.TASK_ID matches
+_NAME = re.compile(r"[A-Za-z0-9._@-]{1,40}")
 LEVER_ROUTES = {"cancel": "/cancel", "resume": "/resume", "rollback": "/rollback",
                 "decide": "/decide"}
 NOT_PRINTABLE = "must be printable text (no control characters such as NUL or a line break)"
@@ -150,8 +152,15 @@ class ServerConfig:
     failure_window: float = 60.0
     session_ttl: float = 8 * 3600
     """How long a console sign-in lasts (sessions also end when the server restarts)."""
+    names: Mapping[str, str] = field(default_factory=dict)
+    """Token -> the name of the person or service holding it, recorded as who pulled a
+    lever (``api:alice``, ``console:alice``) instead of a hash of the token."""
 
     def __post_init__(self) -> None:
+        for token, name in self.names.items():
+            if token not in self.tokens or not _NAME.fullmatch(name):
+                raise ConfigurationError(f"token name {name[:40]!r}: names a configured token"
+                                         " with 1-40 letters, digits and . _ - @")
         for number, (token, role) in enumerate(self.tokens.items(), 1):
             problem = token_problem(token) if isinstance(token, str) else "it is not text"
             if problem is not None:
@@ -167,15 +176,23 @@ class ServerConfig:
 
     @classmethod
     def from_text(cls, tokens: str = "", secrets: str = "", **kwargs: Any) -> ServerConfig:
-        """``"token1:operator,token2:read"`` and ``"github:s1:approval|upstream_ready,billing:s2"``."""
+        """``"token1:operator:alice,token2:read"`` (a name after the role is who holds the
+        token, in the dialog and the recovery log) and
+        ``"github:s1:approval|upstream_ready,billing:s2"``."""
         parsed_tokens: dict[str, Role] = {}
+        names: dict[str, str] = {}
         for number, item in enumerate(filter(None, (t.strip() for t in tokens.split(","))), 1):
             token, _, role = item.rpartition(":")
+            named = ""
+            if role not in ("read", "operator"):  # token:role:name
+                named, (token, _, role) = role, token.rpartition(":")
             if role not in ("read", "operator") or not token:
                 raise ConfigurationError(f"token entry {number}: write token:read or"
-                                         " token:operator")
+                                         " token:operator (or token:operator:name)")
             parsed_tokens[token] = role  # type: ignore[assignment]
-        return cls(parsed_tokens, parse_sources(secrets), **kwargs)
+            if named:
+                names[token] = named
+        return cls(parsed_tokens, parse_sources(secrets), names=names, **kwargs)
 
 
 class NewTask(BaseModel):
@@ -286,12 +303,13 @@ def create_app(harness: Harness, config: ServerConfig) -> FastAPI:
                   redoc_url=None)
     app.router.route_class = _StrictJSONRoute
     limiter = FailureLimiter(config.failure_limit, config.failure_window)
-    app.add_middleware(EdgeGuard, tokens=TokenTable(config.tokens), limiter=limiter,
+    app.add_middleware(EdgeGuard, tokens=TokenTable(config.tokens, config.names), limiter=limiter,
                        max_body=config.max_body)
     _install_errors(app)
     slots = StreamSlots()
     app.state.streams = slots
-    install_console(app, harness, config.tokens, limiter, config.session_ttl, slots)
+    install_console(app, harness, config.tokens, limiter, config.session_ttl, slots,
+                    config.names)
     sources: Mapping[str, WebhookSource] = config.webhook_sources  # type: ignore[assignment]
 
     @app.get("/healthz")
