@@ -458,7 +458,8 @@ def test_r10_r26_a_failed_task_whose_call_is_in_doubt_refuses_resume_and_takes_a
     site.fail_once("t1.0")
     killed(site.worker(failpoints="after_tool_before_commit", env=env))
     one_refund(site, "t1.0")
-    exits_clean(site.worker("--until-idle", env=env))
+    time.sleep(0.5)  # longer than recovery_timeout: the dead worker's task is taken over
+    exits_clean(site.worker("--until-idle", env=env))  # at once, so the wait is made here
     failed = site.info("t1")
     assert failed.record.status is tt.Status.FAILED, failed.record.reason
     assert "recovery_timeout" in (failed.snapshot.error or "")

@@ -192,7 +192,7 @@ def test_gc_says_whether_retention_is_on_and_demo_keep_says_how_to_look(
     assert "deleted 0 finished task(s)" in said and "retention is off" in said
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     kept = " ".join(cli("demo", "--keep").split())
-    folder = re.search(r"demo files kept in (\S+); look at them with:", kept)
+    folder = re.search(r"demo files kept in (\S+) look at them with:", kept)
     assert folder is not None, kept
     assert f"tether --store sqlite:///{folder[1]}/tether.db ls" in kept
     listed = cli("--store", f"sqlite:///{folder[1]}/tether.db", "ls", "--json")

@@ -184,7 +184,9 @@ def test_delete_asks_first_and_gc_reports_what_it_removed(
     assert f"no task {task_id!r}" in cli("show", task_id, code=1)
     assert "no task 'ghost'" in cli("delete", "ghost", "--yes", code=1)
     assert cli("gc") == ("deleted 0 finished task(s) past their retention and 0 large"
-                         " value(s) nothing refers to")
+                         " value(s) nothing refers to; retention is off"
+                         " (Settings.retain_completed, retain_failed, retain_cancelled are"
+                         " unset): finished tasks are kept for ever")
 
 
 REPEATS = '''

@@ -128,8 +128,8 @@ def demo(keep: bool) -> None:
         styled.print(f"finished in {time.time() - started:.1f}s")
     finally:
         if keep:
-            say(f"demo files kept in {workdir}; look at them with:")
-            say(f"  tether --store sqlite:///{workdir / 'tether.db'} ls")
+            say(f"demo files kept in {workdir}")
+            say(f"look at them with: tether --store sqlite:///{workdir / 'tether.db'} ls")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     if not outcome.ok:
