@@ -340,6 +340,8 @@ COPIED = (
      "bench/limits_accuracy.py"),
     ("benchmarks-soak.md", "Soak: 100,000 tasks through one SQLite store with retention on",
      "bench/soak_retention.py"),
+    ("benchmarks-schedules.md", "Schedules at scale: 10,000 every-minute schedules due at once",
+     "bench/schedules_scale.py"),
 )
 """Benchmarks with tables of their own (each needs agents or servers of its own), copied in:
 the agent benchmarks as this run wrote them, the others from their last separate run."""
