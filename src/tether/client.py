@@ -31,6 +31,7 @@ loop thread.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import threading
 import uuid
@@ -57,6 +58,13 @@ T = TypeVar("T")
 KEEP = object()
 """``resume(input=KEEP)``: the task keeps its input."""
 RETRY_STATUSES = frozenset({429, 503})
+API_ERRORS: tuple[type[errors.TetherError], ...] = (
+    errors.TaskNotFound, errors.TaskExists, errors.TaskClosed, errors.TaskHeld,
+    errors.IllegalTransition, errors.CallInFlight, errors.StaleDecision, errors.InDoubtCall,
+    errors.InvalidInput, errors.UnknownAgent, errors.UnknownEventType, errors.ReservedEventType,
+    errors.VersionNotFound, errors.InboxFull, errors.ScheduleNotFound)
+"""The errors a server's answer may be raised as here (each takes a message alone): never a
+local store's (``StoreReplaced``, ``LeaseLost``...), whatever a server's ``type`` says."""
 Rows = list[dict[str, Any]]
 """Rows of the server's answers (dialog rows, versions, recovery records)."""
 Counts = list[int]
@@ -79,6 +87,10 @@ class RemoteTask:
     @property
     def result(self) -> Any:
         return self.snapshot.get("result")
+
+
+class _StreamLost(Exception):
+    """The stream ended, or was refused for now, before the task did: taken up again."""
 
 
 class AsyncClient:
@@ -121,7 +133,7 @@ class AsyncClient:
         try:
             found = await self._send("POST", "/api/tasks", json=body, resend=True, sent=sent)
         except TaskExists:
-            if task_id is None or len(sent) > 1:  # our own earlier attempt got there first
+            if task_id is None or sent:  # our own earlier attempt may have got there first
                 return chosen
             raise
         return str(found["task_id"])
@@ -218,14 +230,20 @@ class AsyncClient:
         loop = asyncio.get_running_loop()
         failing_since: float | None = None
         while True:
+            wait = 1.0
             try:
                 async with aconnect_sse(self._http, "GET", f"{_task(task_id)}/stream",
                                         headers={"Last-Event-ID": str(position)}) as source:
-                    if source.response.status_code != 200:
+                    status = source.response.status_code
+                    if status in RETRY_STATUSES:  # a server stopping, or too many streams
+                        await source.response.aread()
+                        wait = _retry_after(source.response, wait)
+                        raise _StreamLost(f"the server answered {status}")
+                    if status != 200:
                         await source.response.aread()
                         raise _error(source.response)
-                    failing_since = None
                     async for event in source.aiter_sse():
+                        failing_since = None
                         position = _position(event.id, position)
                         change = _change(event.event, event.data, position)
                         if change is None:
@@ -233,12 +251,13 @@ class AsyncClient:
                         yield change
                         if change.kind == "end":
                             return
-            except (httpx.TransportError, SSEError) as exc:
+                raise _StreamLost("the stream ended before the task did")  # a server stopping
+            except (httpx.TransportError, SSEError, _StreamLost) as exc:
                 failing_since = failing_since or loop.time()
                 if loop.time() - failing_since > self.retry_for:
                     raise ServerError(f"lost the stream from {self.url} and could not get it"
                                       f" back for {self.retry_for:.0f} s: {exc}") from None
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(wait)
 
     # ------------------------------------------------------------------ requests
 
@@ -247,14 +266,13 @@ class AsyncClient:
                     sent: Counts | None = None) -> Any:
         """One request, sent again as the module says; its JSON, or tether's exception.
         *resend*: the request is idempotent by key (submit, emit), so a transport error
-        after sending may be retried too; each attempt is counted in *sent*."""
+        after sending may be retried too; each such attempt (one that may have reached the
+        server) is counted in *sent*."""
         idempotent = method == "GET" or resend
         delay = 0.2
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self.retry_for
         while True:
-            if sent is not None:
-                sent.append(1)
             try:
                 response = await self._http.request(method, path, json=json, params=params)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # never reached it
@@ -265,6 +283,8 @@ class AsyncClient:
                     raise ServerError(f"{method} {path}: the connection to {self.url} failed"
                                       f" after sending ({exc}); it may have been applied,"
                                       " so it was not sent again: look at the task") from None
+                if sent is not None:
+                    sent.append(1)  # it may have reached the server
                 wait, failure = delay, ServerError(f"{self.url}: {exc}")
             else:
                 if response.status_code < 400:
@@ -288,7 +308,11 @@ class Client:
         self._thread = threading.Thread(target=self._loop.run_forever, name="tether-client",
                                         daemon=True)
         self._thread.start()
-        self._async = self._run(_make(url, token, options))
+        try:
+            self._async = self._run(_make(url, token, options))
+        except BaseException:  # refused (a bad URL, no token): no thread is left behind
+            self._stop()
+            raise
 
     def __enter__(self) -> Client:
         return self
@@ -299,8 +323,13 @@ class Client:
     def close(self) -> None:
         if self._thread.is_alive():
             self._run(self._async.close())
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=5)
+            self._stop()
+
+    def _stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        if not self._loop.is_running():
+            self._loop.close()
 
     def _run(self, work: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(work, self._loop).result()
@@ -376,20 +405,18 @@ def _error(response: httpx.Response) -> Exception:
         body = None
     message = body.get("error") if isinstance(body, dict) else None
     text = str(message or f"the server answered {response.status_code}")
-    kind = getattr(errors, str(body.get("type")), None) if isinstance(body, dict) else None
-    if isinstance(kind, type) and issubclass(kind, errors.TetherError) and kind is not ServerError:
-        try:
-            return kind(text)
-        except TypeError:  # an error whose constructor takes more than a message
-            pass
-    return ServerError(text, response.status_code)
+    named = str(body.get("type")) if isinstance(body, dict) else ""
+    kind = next((k for k in API_ERRORS if k.__name__ == named), None)
+    return kind(text) if kind is not None else ServerError(text, response.status_code)
 
 
 def _retry_after(response: httpx.Response, default: float) -> float:
+    """The server's Retry-After in seconds, bounded to 0-60 (anything else: *default*)."""
     try:
-        return min(max(float(response.headers.get("Retry-After", default)), 0.0), 60.0)
+        wait = float(response.headers.get("Retry-After", default))
     except ValueError:
         return default
+    return min(max(wait, 0.0), 60.0) if math.isfinite(wait) else default
 
 
 def _position(text: str, before: Position) -> Position:

@@ -130,7 +130,8 @@ class Harness:
         self._store: Store | None = None
         self.notifier = notifier
         self.bundle_dir = Path(bundle_dir) if bundle_dir else None
-        self.worker_id = worker_id or new_worker_id()
+        self._given_worker_id = worker_id
+        self._made_worker_id = (os.getpid(), new_worker_id())
         self.agents: dict[str, Agent] = {}
         self.tools: dict[str, Tool] = {}
         self.limits: dict[str, Limit] = {}
@@ -529,6 +530,9 @@ class Harness:
         if agent not in self.agents:
             raise UnknownAgent(f"schedule {name}: no agent {agent!r} is registered (known:"
                                f" {', '.join(sorted(self.agents)) or 'none'})")
+        if input is None and self.agents[agent].input_required:
+            raise InvalidInput(f"schedule {name}: agent {agent!r} needs an input, and each run"
+                               " would be refused without one: give the schedule an input")
         now = time.time()
         kept = await self.store.list_schedules(name)
         record = ScheduleRecord(
@@ -690,6 +694,18 @@ class Harness:
         outcome = self.notifier(bundle)
         if inspect.isawaitable(outcome):
             await outcome
+
+    @property
+    def worker_id(self) -> str:
+        """This worker's id in leases and logs: the one given, or one made in the process
+        that runs the worker (a harness made before a fork gets a new id in the child, so
+        no other worker can take the parent's exit for this worker's death)."""
+        if self._given_worker_id:
+            return self._given_worker_id
+        pid, _ = self._made_worker_id
+        if pid != os.getpid():
+            self._made_worker_id = (os.getpid(), new_worker_id())
+        return self._made_worker_id[1]
 
     async def __aenter__(self) -> Harness:
         return self

@@ -144,3 +144,35 @@ async def test_r13_a_thousand_schedules_due_in_one_minute_start_in_one_look() ->
     assert all(s.next_at > time.time() for s in await h.store.list_schedules())  # type: ignore[operator]
     assert await fire_due(h.store, h.start_run, h.log, h.agents) == 0
     await h.close()
+
+
+async def test_r13_schedules_that_can_never_start_do_not_block_the_others(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A schedule whose runs the store refuses (its input is over the size limit, here) is
+    moved on with an error naming it, not left due: 250 of them, older than a healthy one,
+    no longer fill every look's window. A schedule without the input its agent requires is
+    refused when it is made."""
+    h = tt.Harness("memory://", settings=fast_settings(max_payload_bytes=2_000))
+
+    @h.agent("report")
+    class Report(tt.Agent):
+        input_required = True
+
+        async def plan(self, t: tt.TaskView) -> tt.Action:
+            return tt.Finish({"scope": t.input})
+
+    with pytest.raises(tt.InvalidInput, match="needs an input"):
+        await h.schedule("no-input", "0 0 1 1 *", "report")
+    healthy = await h.schedule("healthy", "0 0 1 1 *", "report", "eu", catch_up=1)
+    year_ago = time.time() - 366 * 86400
+    await h.store.put_schedule(dataclasses.replace(healthy, next_at=year_ago))
+    for n in range(250):
+        await h.store.put_schedule(dataclasses.replace(
+            healthy, name=f"huge-{n:03d}", input="x" * 5_000, next_at=year_ago - 60))
+    assert await fire_due(h.store, h.start_run, h.log, h.agents) == 1
+    runs = await started(h)
+    assert len(runs) == 1 and runs[0].startswith("healthy-")
+    assert all(s.next_at > time.time() for s in await h.store.list_schedules())  # type: ignore[operator]
+    assert any("huge-000: its run could not be started" in r.getMessage()
+               for r in caplog.records)
+    await h.close()

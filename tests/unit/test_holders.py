@@ -42,3 +42,28 @@ def test_r13_in_doubt_a_holder_is_alive() -> None:
     assert not holders.certainly_dead(holder(999_999_999, place="0123456789"))  # elsewhere
     for garbage in (None, "", "worker-7", "host:notapid:abc:x", f"host:12:{holders.place()}"):
         assert not holders.certainly_dead(garbage)
+
+
+def test_r13_a_pid_out_of_range_is_never_judged() -> None:
+    for pid in (0, 2**22, 10**20):
+        assert not holders.certainly_dead(holder(pid))
+
+
+def test_r13_a_harness_made_before_a_fork_names_the_child_in_its_worker_id() -> None:
+    """A harness built before a fork (a daemon) must not hold leases under the parent's pid:
+    when the parent exits, another worker would take the child's tasks for a dead worker's."""
+    import tether as tt
+
+    harness = tt.Harness("memory://")
+    parent_pid = int(harness.worker_id.rsplit(":", 3)[1])
+    assert parent_pid == os.getpid()
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: report its worker id's pid and leave at once
+        os.write(write, harness.worker_id.encode())
+        os._exit(0)
+    os.close(write)
+    seen = os.read(read, 1000).decode()
+    os.waitpid(child, 0)
+    assert int(seen.rsplit(":", 3)[1]) == child
+    assert tt.Harness("memory://", worker_id="given-id").worker_id == "given-id"

@@ -1,6 +1,7 @@
 """Who holds a lease, and whether that holder is still alive.
 
-A worker's id names its host, its process and its place: ``host:pid:random:place``, where
+A worker's id names its host, its process and its place: ``host:pid:random:place`` (made in
+the process that runs the worker: a harness built before a fork gets a new one), where
 *place* is a digest of the kernel's boot id and the process's PID namespace. Two workers
 with the same place see the same processes, so one can tell at once that the other is
 dead: a SIGKILLed worker's tasks are taken over now, not when its lease runs out (14.5 s
@@ -44,13 +45,13 @@ def certainly_dead(holder: str | None) -> bool:
     if len(parts) != 4 or parts[3] != place() or not parts[1].isdigit():
         return False
     pid = int(parts[1])
-    if pid == os.getpid() or pid <= 1:
+    if pid == os.getpid() or not 1 < pid < 2**22:  # Linux's largest pid is 4,194,304
         return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    except OSError:  # another user's process: alive, as far as this process may know
+    except (OSError, OverflowError, ValueError):  # another user's, or not a pid: in doubt
         return False
     return _zombie(pid)
 

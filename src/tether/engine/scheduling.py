@@ -12,7 +12,7 @@ import time
 from collections.abc import Awaitable, Callable, Collection
 
 from tether import schedules
-from tether.errors import StoreUnavailable, TaskExists, TetherError
+from tether.errors import CorruptStore, StoreUnavailable, TaskExists, TetherError, UnknownAgent
 from tether.store.base import ScheduleRecord, WorkerStore
 
 StartRun = Callable[[ScheduleRecord, str], Awaitable[None]]
@@ -63,17 +63,23 @@ async def _fire(store: WorkerStore, start: StartRun, log: logging.Logger,
         try:
             for at in runs:
                 started += await _start(start, schedule, schedules.run_id(schedule.name, at))
-        except TetherError as error:  # this app cannot start it (say, its input is refused)
+        except (StoreUnavailable, CorruptStore):
+            raise  # the store's trouble, not the schedule's: the worker rides it out
+        except UnknownAgent as error:  # another app's agent: left due for a worker that has it
             if schedule.name not in warned:
                 warned.add(schedule.name)
                 log.warning("schedule %s: its runs cannot be started by this worker (%s);"
                             " left to a worker whose app can", schedule.name, error)
             return started, False
+        except TetherError as error:  # no worker could start it (its input is refused)
+            log.error("schedule %s: its run could not be started (%s); it is skipped and the"
+                      " schedule moves on: fix the schedule (`tether schedule add` again)",
+                      schedule.name, error)
         moved = await store.advance_schedule(schedule.name, schedule.next_at, following, now)
         if moved:
             log.debug("schedule %s: started %d run(s)%s; next at %s", schedule.name, len(runs),
-                     f", {len(runs) - 1} of them late" if len(runs) > 1 else "",
-                     time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(following)))
+                      f", {len(runs) - 1} of them late" if len(runs) > 1 else "",
+                      time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(following)))
     return started, moved
 
 

@@ -256,7 +256,14 @@ class Worker:
             return
         self._next_dead_look = clock + max(1.0, self.harness.settings.lease_seconds / 10)
         now = time.time()
-        for task in await self.harness.running_tasks(LEASES_LOOKED_AT):
+        try:
+            running = await self.harness.running_tasks(LEASES_LOOKED_AT)
+        except (StoreUnavailable, CorruptStore):
+            raise
+        except Exception:  # a look that fails must not stop the worker: leases run out anyway
+            self.harness.log.exception("looking for tasks held by dead workers failed")
+            return
+        for task in running:
             holder = task.lease_owner
             if holder is None or holder == self.harness.worker_id \
                     or (task.lease_until or 0.0) <= now or not certainly_dead(holder):
