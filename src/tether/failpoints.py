@@ -21,6 +21,7 @@ POINTS = (
     "event_stored",
     "during_recovery",
     "during_rollback",
+    "schedule_run_started",
 )
 """Every point the code checks; ``inside_tool`` is for tools to call themselves."""
 

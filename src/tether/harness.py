@@ -260,6 +260,11 @@ class Harness:
         """Tasks marked running, wherever they run (for a worker run until idle)."""
         return await self.store.list_tasks(Status.RUNNING, limit)
 
+    async def leased_tasks(self, limit: int) -> list[TaskRecord]:
+        """Unfinished tasks under a worker's lease, running or claimed and not yet running
+        (for the takeover of a dead worker's tasks)."""
+        return await self.store.leased_tasks(limit)
+
     def resource_kind(self, name: str, exists: Callable[[str], bool],
                       cleanup: Callable[[str], None]) -> None:
         """Teach the harness to check and clean up one more kind of external resource."""

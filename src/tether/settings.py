@@ -7,6 +7,10 @@ from dataclasses import dataclass
 
 from tether.errors import ConfigurationError
 
+SCHEDULE_HOLD_MAX = 60.0
+"""The longest a worker may hold schedules: as late as a run may start and still be on time
+(``tether.schedules.GRACE``)."""
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -79,6 +83,11 @@ class Settings:
     housekeeping_interval: float = 60.0
     """How often a worker deletes the finished tasks past their retention and collects the
     large values no kept version refers to any more."""
+    schedule_hold: float = 30.0
+    """Seconds a worker holds the due schedules it took while it starts their runs, so other
+    workers take others: a worker that dies holding some delays their runs by at most this
+    much. At most 60 (a run up to a minute late is still on time, so none is skipped for it);
+    a worker slower than this only costs repeated attempts, which the store refuses."""
 
     def __post_init__(self) -> None:
         for name in ("max_recovery_attempts", "checkpoint_every_steps", "inbox_capacity",
@@ -97,6 +106,10 @@ class Settings:
         if any(keep is not None and keep < 0 for keep in self.retention().values()):
             raise ConfigurationError("retain_completed, retain_failed and retain_cancelled"
                                      " cannot be negative (None keeps tasks for ever)")
+        if not 0 < self.schedule_hold <= SCHEDULE_HOLD_MAX:
+            raise ConfigurationError(f"setting schedule_hold must be above 0 and at most"
+                                     f" {SCHEDULE_HOLD_MAX:g} seconds (a run that late is still"
+                                     f" on time)")
         if self.sqlite_synchronous.upper() not in ("FULL", "NORMAL", "EXTRA"):
             raise ConfigurationError("sqlite_synchronous must be FULL, NORMAL or EXTRA")
 

@@ -65,7 +65,7 @@ async def test_pause_resume_run_now_and_delete() -> None:
     await h.schedule("daily", "0 9 * * 1-5", "report", "all", timezone="Europe/Paris")
     paused = await h.pause_schedule("daily")
     assert paused.paused
-    assert await h.store.due_schedules(time.time() + 10 * 86400) == []
+    assert await h.store.claim_due_schedules(time.time() + 10 * 86400) == []
     task_id = await h.run_schedule_now("daily")  # run now works while paused, once
     assert task_id.startswith("daily-now-") and await started(h) == [task_id]
     resumed = await h.pause_schedule("daily", paused=False)

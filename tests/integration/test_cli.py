@@ -168,7 +168,8 @@ def test_r13_migrate_creates_then_keeps_a_postgres_schema_and_workers_run_on_it(
         monkeypatch.setenv("TETHER_STORE", fresh)
         assert cli("migrate").strip() == ("applied: 0001_initial.sql, 0002_blobs.sql,"
                                      " 0003_checkpoint_function.sql, 0004_limits.sql,"
-                                     " 0005_schedules.sql")
+                                     " 0005_schedules.sql,"
+                                     " 0006_schedule_claims_and_limit_sizes.sql")
         assert cli("migrate").strip() == "schema is up to date"
         task_id = cli("submit", "report", "--input", '{"report": "FY25"}').strip()
         cli("worker", "--until-idle")
@@ -210,8 +211,8 @@ def test_the_app_is_named_by_its_module_and_read_only_commands_never_import_it(
         cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     """Issue 29: `--app billing` means `billing:harness`; an app that cannot be loaded is one
     line (exit 1, no usage banner); commands that only read the store (ls, show, history,
-    versions, export, watch) do not import the app at all, so a slow or broken import
-    costs them nothing."""
+    versions, export, watch, limits, schedule ls) do not import the app at all, so a slow
+    or broken import costs them nothing."""
     (tmp_path / "billing.py").write_text(
         "import os, tether as tt\n"
         "if os.environ.get('BILLING_BROKEN'):\n"
@@ -226,7 +227,8 @@ def test_the_app_is_named_by_its_module_and_read_only_commands_never_import_it(
     cli("--app", "billing", "worker", "--until-idle")
     monkeypatch.setenv("BILLING_BROKEN", "1")
     monkeypatch.delitem(sys.modules, "billing")  # this process imported it: forget it
-    for command in (["ls"], ["show", task_id], ["history", task_id], ["versions", task_id]):
+    for command in (["ls"], ["show", task_id], ["history", task_id], ["versions", task_id],
+                    ["limits"], ["schedule", "ls"]):
         assert "billing cannot start" not in cli("--app", "billing", *command)
     assert "billing" not in sys.modules
     out = cli("--app", "billing", "submit", "invoice", ok=False)

@@ -117,3 +117,29 @@ async def test_a_failed_upgrade_says_so_and_leaves_the_store_as_it_was(tmp_path:
     with pytest.raises(StoreError, match=r"could not upgrade SQLite store .* schema 3.*left as it"):
         tt.Harness(f"sqlite:///{db}").store  # noqa: B018 (opening the store runs the upgrade)
     assert contents(db) == before and layout(db) == old
+
+
+def downgrade_to_schema_4(db: Path) -> None:
+    """The schedules table as schema 4 made it: no column for the worker holding one."""
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("BEGIN")
+    conn.execute("ALTER TABLE schedules DROP COLUMN claimed_until")
+    conn.execute("UPDATE tether_meta SET value = '4' WHERE key = 'schema_version'")
+    conn.execute("COMMIT")
+    conn.close()
+
+
+async def test_a_schema_4_store_gains_schedule_claims_and_keeps_its_schedules(
+        tmp_path: Path) -> None:
+    db = tmp_path / "four.db"
+    async with build_app(db) as h:
+        await h.schedule("hourly", "0 * * * *", "noter", timezone="UTC")
+    downgrade_to_schema_4(db)
+
+    async with build_app(db) as h:
+        (kept,) = await h.store.list_schedules()  # opening the store upgrades it
+        assert layout(db)["schema_version"] == SCHEMA_VERSION
+        assert kept.name == "hourly" and kept.next_at is not None
+        taken = await h.store.claim_due_schedules(kept.next_at, hold=60.0)
+        assert [s.name for s in taken] == ["hourly"]
+        assert await h.store.claim_due_schedules(kept.next_at + 1) == []  # held by the first

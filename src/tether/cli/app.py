@@ -77,16 +77,10 @@ def server_command(fn: Command[T]) -> Callable[..., T]:
     return _run_with_harness(fn, reads_only=False, serves=True, steers=True)
 
 
-def reading_command(fn: Command[T]) -> Callable[..., T]:
-    """A :func:`harness_command` that only reads: when no store is named and the default one
-    is not there, that is an error (:class:`NoStore`), not an empty ``tether.db`` created in
-    passing."""
-    return _run_with_harness(fn, reads_only=True, serves=False)
-
-
 def store_reading_command(fn: Command[T]) -> Callable[..., T]:
-    """A :func:`reading_command` that needs nothing of the app's code (what the store holds
-    is all it shows), so it does not import the app."""
+    """A :func:`harness_command` that only reads what the store holds, so it does not import
+    the app; and when no store is named and the default one is not there, that is an error
+    (:class:`NoStore`), not an empty ``tether.db`` created in passing."""
     return _run_with_harness(fn, reads_only=True, serves=False, codeless=True)
 
 

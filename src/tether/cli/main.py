@@ -41,7 +41,6 @@ from tether.cli.app import (
     moment_option,
     probe_store,
     quiet_cache_log,
-    reading_command,
     refuse_missing_store,
     serving_command,
     store_reading_command,
@@ -68,7 +67,7 @@ from tether.cli.serve import lifespans_until, serve
 from tether.cli.watch import watch
 from tether.engine.admission import HELD_BACK
 from tether.model import TaskRecord, check_task_id
-from tether.store import DEFAULT_URL, open_store
+from tether.store import DEFAULT_URL, LimitUsage, open_store
 
 __all__ = ["load_app", "main"]
 
@@ -492,33 +491,31 @@ async def gc(harness: tt.Harness) -> None:
 
 @main.command(name="limits")
 @click.option("--json", "as_json", is_flag=True)
-@reading_command
+@store_reading_command
 async def show_limits(harness: tt.Harness, as_json: bool) -> None:
-    """Named limits as every worker shares them: slots in use, tasks held back, admissions in
-    the last minute, and a provider's 429 still closing one."""
+    """Named limits as every worker shares them: each one's size (as the workers admitting
+    under it define it), slots in use, tasks held back, admissions in the last minute, and a
+    provider's 429 still closing one."""
     usage = await harness.reads.limits()
     if as_json:
         print_json([plain(u) for u in usage])
         return
     if not usage:
-        defined = ", ".join(sorted(harness.limits)) or "none"
-        echo(f"no limit has admitted a call yet (defined by the app: {defined})")
+        echo("no limit has admitted a call yet")
         return
     table(["limit", "key", "size", "in use", "held back", "last minute", "closed until"],
-          [[u.name, u.key or "-", _limit_size(harness.limits.get(u.name)), u.in_use, u.waiting,
+          [[u.name, u.key or "-", _limit_size(u), u.in_use, u.waiting,
             u.admitted_last_minute, local_time(u.blocked_until) if u.blocked_until else "-"]
            for u in usage], no_wrap=[0, 3, 4, 5])
 
 
-def _limit_size(limit: tt.Limit | None) -> str:
-    if limit is None:
-        return "(not in this app)"
+def _limit_size(limit: LimitUsage) -> str:
     parts = [f"{limit.concurrency} at once"] if limit.concurrency else []
     if limit.rate:
         parts.append(f"{limit.rate[0]} per {limit.rate[1]:g}s")
     if limit.tokens:
         parts.append(f"{limit.tokens[0]} tokens per {limit.tokens[1]:g}s")
-    return ", ".join(parts)
+    return ", ".join(parts) or "-"
 
 
 @main.command()

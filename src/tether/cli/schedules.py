@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 import tether as tt
-from tether.cli.app import harness_command, json_option, reading_command
+from tether.cli.app import harness_command, json_option, store_reading_command
 from tether.cli.render import echo, local_time, plain, print_json, table
 from tether.store import ScheduleRecord
 
@@ -47,7 +47,7 @@ async def add(harness: tt.Harness, name: str, cron: str, agent: str, task_input:
 
 @schedule.command(name="ls")
 @click.option("--json", "as_json", is_flag=True)
-@reading_command
+@store_reading_command
 async def list_schedules(harness: tt.Harness, as_json: bool) -> None:
     """Every schedule, with its next run."""
     found = await harness.reads.schedules()

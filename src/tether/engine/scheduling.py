@@ -1,7 +1,9 @@
-"""A worker's scheduler: every second it starts the runs of the schedules that are due and
-moves each schedule on. Starting a run first and moving the schedule after means a worker
-that dies in between leaves the schedule due, and the next worker starts the same runs again
-under the same task ids, which the store refuses: each run starts once.
+"""A worker's scheduler: every second it takes its share of the schedules that are due,
+starts their runs and moves each schedule on. Workers side by side take different schedules
+(the store holds each taken one for ``Settings.schedule_hold`` seconds), so their work adds up. Starting a
+run first and moving the schedule after means a worker that dies in between leaves the
+schedule due, and once its hold ends the next worker starts the same runs again under the same
+task ids, which the store refuses: each run starts once.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Awaitable, Callable, Collection
 
 from tether import schedules
 from tether.errors import CorruptStore, StoreUnavailable, TaskExists, TetherError, UnknownAgent
+from tether.failpoints import failpoint
 from tether.store.base import ScheduleRecord, WorkerStore
 
 StartRun = Callable[[ScheduleRecord, str], Awaitable[None]]
@@ -25,13 +28,12 @@ MAX_BATCHES = 50
 """Batches one look may start (10,000 schedules), so a look ends and the next begins."""
 AT_ONCE = 32
 """Schedules of a batch started side by side."""
-
-
 async def fire_due(store: WorkerStore, start: StartRun, log: logging.Logger,
-                   agents: Collection[str] | None = None, warned: set[str] | None = None) -> int:
-    """Start the due runs of every due schedule of *agents* (the app's: a schedule of an
-    agent this app lacks is left to a worker that has it, and never fills this one's
-    window); how many were started here. Due is judged by the store's clock, so a worker
+                   agents: Collection[str] | None = None, warned: set[str] | None = None,
+                   hold: float = 30.0) -> int:
+    """Start the due runs of every due schedule of *agents* that this worker takes (the
+    app's: a schedule of an agent this app lacks is left to a worker that has it, and never
+    fills this one's window); how many were started here. Due is judged by the store's clock, so a worker
     whose own clock is off starts nothing early or late. Batch after batch while the window
     comes back full, each batch's schedules started side by side (SQLite commits them
     together), so thousands due in the same minute start in that minute. A schedule whose
@@ -41,7 +43,7 @@ async def fire_due(store: WorkerStore, start: StartRun, log: logging.Logger,
     gate = asyncio.Semaphore(AT_ONCE)
     for _ in range(MAX_BATCHES):
         now = await store.clock()
-        due = await store.due_schedules(now, BATCH, agents)
+        due = await store.claim_due_schedules(now, BATCH, agents, hold)
         fired = await asyncio.gather(*(_fire(store, start, log, schedule, now, warned, gate)
                                        for schedule in due))
         started += sum(count for count, _ in fired)
@@ -75,6 +77,7 @@ async def _fire(store: WorkerStore, start: StartRun, log: logging.Logger,
             log.error("schedule %s: its run could not be started (%s); it is skipped and the"
                       " schedule moves on: fix the schedule (`tether schedule add` again)",
                       schedule.name, error)
+        failpoint("schedule_run_started")  # started, not yet moved on: held until its hold ends
         moved = await store.advance_schedule(schedule.name, schedule.next_at, following, now)
         if moved:
             log.debug("schedule %s: started %d run(s)%s; next at %s", schedule.name, len(runs),
@@ -92,14 +95,15 @@ async def _start(start: StartRun, schedule: ScheduleRecord, task_id: str) -> int
 
 
 async def keep_schedules(store: WorkerStore, start: StartRun, log: logging.Logger,
-                         agents: Collection[str] | None = None) -> None:
-    """Look for due schedules of *agents* every :data:`LOOK_EVERY` seconds until cancelled."""
+                         agents: Collection[str] | None = None, hold: float = 30.0) -> None:
+    """Look for due schedules of *agents* every :data:`LOOK_EVERY` seconds until cancelled,
+    holding those taken for *hold* seconds."""
     failed = False
     unstartable: set[str] = set()
     while True:
         await asyncio.sleep(LOOK_EVERY)
         try:
-            await fire_due(store, start, log, agents, unstartable)
+            await fire_due(store, start, log, agents, unstartable, hold)
         except StoreUnavailable:
             continue
         except Exception:  # the scheduler must never stop the worker

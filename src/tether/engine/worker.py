@@ -87,7 +87,11 @@ class WorkerHost(RunnerHost, Protocol):
         """Have every waiting task re-checked once (R16)."""
 
     async def running_tasks(self, limit: int) -> list[TaskRecord]:
-        """Tasks marked running, wherever they run (a run until idle looks for dead leases)."""
+        """Tasks marked running, wherever they run (a run until idle looks for tasks held
+        back by a limit)."""
+
+    async def leased_tasks(self, limit: int) -> list[TaskRecord]:
+        """Unfinished tasks under any worker's lease (looked through for dead holders)."""
 
     async def start_run(self, schedule: ScheduleRecord, task_id: str) -> None:
         """Start one run of a schedule: its agent's task under *task_id* (TaskExists if it
@@ -177,7 +181,8 @@ class Worker:
                                                      self.harness.log))
         scheduler = asyncio.create_task(keep_schedules(self.harness.store,
                                                        self.harness.start_run, self.harness.log,
-                                                       self.harness.agents))
+                                                       self.harness.agents,
+                                                       self.harness.settings.schedule_hold))
         try:
             while not (stop and stop.is_set()) and self._fatal is None:
                 try:
@@ -248,7 +253,7 @@ class Worker:
             self._stranded.pop(0)
 
     async def _take_from_the_dead(self) -> None:
-        """End the leases of running tasks whose holder is a worker of this place whose
+        """End the leases of unfinished tasks whose holder is a worker of this place whose
         process is gone (:mod:`tether.engine.holders`): the claim round right after takes
         them, instead of waiting out the lease. Looked at while this worker has room."""
         clock = time.monotonic()
@@ -257,13 +262,13 @@ class Worker:
         self._next_dead_look = clock + max(1.0, self.harness.settings.lease_seconds / 10)
         now = time.time()
         try:
-            running = await self.harness.running_tasks(LEASES_LOOKED_AT)
+            leased = await self.harness.leased_tasks(LEASES_LOOKED_AT)
         except (StoreUnavailable, CorruptStore):
             raise
         except Exception:  # a look that fails must not stop the worker: leases run out anyway
             self.harness.log.exception("looking for tasks held by dead workers failed")
             return
-        for task in running:
+        for task in leased:
             holder = task.lease_owner
             if holder is None or holder == self.harness.worker_id \
                     or (task.lease_until or 0.0) <= now or not certainly_dead(holder):
@@ -299,11 +304,12 @@ class Worker:
 
     async def _others_to_wait_for(self) -> bool:
         """Whether a run until idle must go on for a task it does not hold: one leased by a
-        worker that died, or one held back by a limit (one look at the running tasks)."""
-        running = await self.harness.running_tasks(LEASES_LOOKED_AT)
-        return self._held_by_the_dead(running) or any(
-            task.lease_owner is None and (task.reason or "").startswith(HELD_BACK)
-            for task in running)
+        worker that died (running, or claimed and not yet running), or one held back by a
+        limit."""
+        if self._held_by_the_dead(await self.harness.leased_tasks(LEASES_LOOKED_AT)):
+            return True
+        return any(task.lease_owner is None and (task.reason or "").startswith(HELD_BACK)
+                   for task in await self.harness.running_tasks(LEASES_LOOKED_AT))
 
     def _held_by_the_dead(self, running: list[TaskRecord]) -> bool:
         """Whether a run until idle must go on: a task is held under a lease its holder

@@ -35,6 +35,10 @@ class SQLBackend(ABC):
     """Store methods written once for every SQL backend; see the protocols in
     :mod:`tether.store.base` for what each promises."""
 
+    SKIP_LOCKED = ""
+    """What ends a subquery that takes rows other workers may be taking at the same moment
+    (PostgreSQL: ``FOR UPDATE SKIP LOCKED``; SQLite writes one transaction at a time)."""
+
     @abstractmethod
     async def _read(self, work: Steps[T]) -> T:
         """Run *work* outside a transaction: each statement sees what is committed then."""
@@ -82,9 +86,11 @@ class SQLBackend(ABC):
     async def put_schedule(self, schedule: ScheduleRecord) -> None:
         await self._write(schedule_steps.put(schedule))
 
-    async def due_schedules(self, now: float, limit: int = 100,
-                            agents: Collection[str] | None = None) -> list[ScheduleRecord]:
-        return await self._read(schedule_steps.due(now, limit, agents))
+    async def claim_due_schedules(self, now: float, limit: int = 100,
+                                  agents: Collection[str] | None = None,
+                                  hold: float = 30.0) -> list[ScheduleRecord]:
+        return await self._write(schedule_steps.claim(now, limit, agents, hold,
+                                                      self.SKIP_LOCKED))
 
     async def advance_schedule(self, name: str, expected: float, next_at: float | None,
                                ran_at: float) -> bool:
@@ -112,6 +118,9 @@ class SQLBackend(ABC):
 
     async def list_tasks(self, status: Status | None = None, limit: int = 1000) -> list[TaskRecord]:
         return await self._read(steps.list_tasks(status, limit))
+
+    async def leased_tasks(self, limit: int = 1000) -> list[TaskRecord]:
+        return await self._read(steps.leased_tasks(limit))
 
     async def find_tasks(self, query: TaskQuery) -> list[TaskRecord]:
         return await self._read(steps.find_tasks(query))

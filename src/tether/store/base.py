@@ -143,6 +143,10 @@ class LimitUsage:
     waiting: int
     admitted_last_minute: int
     blocked_until: float | None
+    concurrency: int | None = None
+    """The limit's size as the last worker to admit under it defined it (None: unknown)."""
+    rate: tuple[int, float] | None = None
+    tokens: tuple[int, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -280,11 +284,15 @@ class WorkerStore(SnapshotReads, Protocol):
     async def put_schedule(self, schedule: ScheduleRecord) -> None:
         """Create a schedule, or replace its definition, pause and next time."""
 
-    async def due_schedules(self, now: float, limit: int = 100,
-                            agents: Collection[str] | None = None) -> list[ScheduleRecord]:
-        """Schedules not paused whose next time has come, the most overdue first; with
-        *agents*, only those of these agents (a worker asks for the ones its app can start,
-        so schedules of an agent it lacks never fill its window)."""
+    async def claim_due_schedules(self, now: float, limit: int = 100,
+                                  agents: Collection[str] | None = None,
+                                  hold: float = 30.0) -> list[ScheduleRecord]:
+        """Take up to *limit* schedules not paused whose next time has come and that no
+        worker holds, the most overdue first, and hold them for *hold* seconds: workers side
+        by side each take their own, so their work adds up instead of repeating. Moving a
+        schedule on lets it go; a worker that dies holding some leaves them to the next look
+        after *hold*. With *agents*, only schedules of these agents (a worker takes the ones
+        its app can start, so schedules of an agent it lacks never fill its window)."""
 
     async def clock(self) -> float:
         """The store's time (seconds since the epoch), by which schedules are judged due: the
@@ -326,6 +334,10 @@ class ReadStore(SnapshotReads, Protocol):
 
     async def list_tasks(self, status: Status | None = None, limit: int = 1000) -> list[TaskRecord]:
         """Tasks, newest first, optionally of one status."""
+
+    async def leased_tasks(self, limit: int = 1000) -> list[TaskRecord]:
+        """Unfinished tasks a worker holds a lease on, whatever their status (a task claimed
+        and not yet running is pending), the soonest lease end first."""
 
     async def find_tasks(self, query: TaskQuery) -> list[TaskRecord]:
         """A page of tasks matching *query*: people's work first (needs a person, running,

@@ -11,6 +11,8 @@ waited; letting a slot go wakes the first of them.
 
 from __future__ import annotations
 
+import orjson
+
 from tether.store import queries as q
 from tether.store.base import LimitAnswer, LimitRequest, LimitUsage
 from tether.store.steps import Notify, Steps, change, every, one
@@ -22,7 +24,7 @@ was let go (a holder that died frees its slot only when its task is taken over).
 
 def acquire(request: LimitRequest, now: float) -> Steps[LimitAnswer]:
     name, key = request.name, request.key
-    yield change(q.LIMIT_ROW, name, key)
+    yield change(q.LIMIT_SIZED_ROW, name, key, _size(request))
     lock = yield one(q.LIMIT_LOCK, name, key, lock=True)
     blocked = lock["blocked_until"] if lock is not None else None
     if blocked is not None and blocked > now:
@@ -128,5 +130,30 @@ def usage(now: float) -> Steps[list[LimitUsage]]:
     return [LimitUsage(str(row["name"]), str(row["key"]), int(row["in_use"]),
                        int(row["waiting"]), int(row["admitted_last_minute"]),
                        float(row["blocked_until"]) if row["blocked_until"] is not None
-                       and float(row["blocked_until"]) > now else None)
+                       and float(row["blocked_until"]) > now else None,
+                       *_sized(row["size"]))
             for row in found]
+
+
+def _size(request: LimitRequest) -> str:
+    """The limit's size as stored: JSON, the same text for the same size."""
+    return orjson.dumps({"concurrency": request.concurrency, "rate": request.rate,
+                         "tokens": request.tokens}).decode()
+
+
+Size = tuple[int | None, tuple[int, float] | None, tuple[int, float] | None]
+"""A limit's concurrency, rate and tokens."""
+
+
+def _sized(stored: str | None) -> Size:
+    """The size of a usage row; unknown (all None) when no admission recorded one (a limit
+    only a provider's 429 blocked, or rows kept from before sizes were recorded) or the text
+    is not one tether wrote."""
+    try:
+        size = orjson.loads(stored) if stored else {}
+        concurrency, rate, tokens = size["concurrency"], size["rate"], size["tokens"]
+        return (None if concurrency is None else int(concurrency),
+                None if rate is None else (int(rate[0]), float(rate[1])),
+                None if tokens is None else (int(tokens[0]), float(tokens[1])))
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError):
+        return None, None, None

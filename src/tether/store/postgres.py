@@ -114,6 +114,8 @@ it gives up until asked again): an outage surfaces as StoreUnavailable within th
 class PostgresStore(SQLBackend):
     """A :class:`tether.store.base.Store` on a PostgreSQL database."""
 
+    SKIP_LOCKED = " FOR UPDATE SKIP LOCKED"
+
     def __init__(self, url: str, min_size: int = 1, max_size: int = 10,
                  idle_tx_timeout: float = 30.0) -> None:
         self.url = url

@@ -36,6 +36,8 @@ _IDEMPOTENCY_COLUMNS = "key, task_id, tool, args_hash, status, result, error, at
 GET_TASK = f"SELECT {_TASK_COLUMNS} FROM tasks WHERE task_id = ?"
 LIST_TASKS = f"SELECT {_TASK_COLUMNS} FROM tasks ORDER BY created_at DESC LIMIT ?"
 LIST_TASKS_IN = f"SELECT {_TASK_COLUMNS} FROM tasks WHERE status = ? ORDER BY created_at DESC LIMIT ?"
+LEASED_TASKS = (f"SELECT {_TASK_COLUMNS} FROM tasks WHERE lease_owner IS NOT NULL"
+                f" AND status IN {OPEN} ORDER BY lease_until LIMIT ?")
 COUNT_BY_STATUS = "SELECT status, COUNT(*) AS tasks FROM tasks GROUP BY status"
 _URGENCY = ("CASE status WHEN 'needs_human' THEN 0 WHEN 'running' THEN 1 WHEN 'paused' THEN 2"
             " WHEN 'waiting' THEN 3 WHEN 'pending' THEN 4 WHEN 'failed' THEN 5"
@@ -145,6 +147,11 @@ def pyformat(sql: str) -> str:
 
 LIMIT_ROW = ("INSERT INTO limit_locks (name, key, blocked_until) VALUES (?, ?, NULL)"
              " ON CONFLICT (name, key) DO NOTHING")
+LIMIT_SIZED_ROW = ("INSERT INTO limit_locks (name, key, blocked_until, size) VALUES (?, ?, NULL, ?)"
+                   " ON CONFLICT (name, key) DO UPDATE SET size = excluded.size"
+                   " WHERE limit_locks.size IS NULL OR limit_locks.size <> excluded.size")
+"""The row of a limit, with its size as the admitting worker's app defines it (written only
+when it changed), so operators see sizes without the app's code."""
 LIMIT_LOCK = "SELECT blocked_until FROM limit_locks WHERE name = ? AND key = ?"
 LIMIT_BLOCK = ("UPDATE limit_locks SET blocked_until = ? WHERE name = ? AND key = ?"
                " AND (blocked_until IS NULL OR blocked_until < ?)")
@@ -180,7 +187,7 @@ LIMIT_SPENT = ("UPDATE limit_grants SET tokens = tokens + ? WHERE name = ? AND k
                " AND holder = ?")
 WAKE_PARKED = "UPDATE tasks SET wake_at = ? WHERE task_id = ? AND lease_owner IS NULL"
 LIMIT_USAGE = (
-    "SELECT l.name, l.key, l.blocked_until,"
+    "SELECT l.name, l.key, l.blocked_until, l.size,"
     f" (SELECT COUNT(*) FROM limit_holds WHERE limit_holds.name = l.name"
     f"  AND limit_holds.key = l.key AND {_LIVE_HOLD}) AS in_use,"
     f" (SELECT COUNT(*) FROM limit_waiters WHERE limit_waiters.name = l.name"
@@ -211,17 +218,26 @@ PUT_SCHEDULE = (f"INSERT INTO schedules ({_SCHEDULE_COLUMNS}) VALUES (?, ?, ?, ?
                 " ON CONFLICT (name) DO UPDATE SET cron = excluded.cron,"
                 " timezone = excluded.timezone, agent = excluded.agent, input = excluded.input,"
                 " catch_up = excluded.catch_up, paused = excluded.paused,"
-                " next_at = excluded.next_at")
+                " next_at = excluded.next_at, claimed_until = NULL")
 GET_SCHEDULE = f"SELECT {_SCHEDULE_COLUMNS} FROM schedules WHERE name = ?"
 LIST_SCHEDULES = f"SELECT {_SCHEDULE_COLUMNS} FROM schedules ORDER BY name"
-DUE_SCHEDULES = (f"SELECT {_SCHEDULE_COLUMNS} FROM schedules WHERE next_at <= ? AND paused = 0"
-                 " ORDER BY next_at LIMIT ?")
 
 
-def due_schedules_of(agents: int) -> str:
-    """DUE_SCHEDULES for schedules of *agents* named agents only (as many placeholders)."""
-    return (f"SELECT {_SCHEDULE_COLUMNS} FROM schedules WHERE next_at <= ? AND paused = 0"
-            f" AND agent IN ({', '.join('?' * agents)}) ORDER BY next_at LIMIT ?")
-ADVANCE_SCHEDULE = ("UPDATE schedules SET next_at = ?, last_run_at = ? WHERE name = ?"
+@functools.cache
+def claim_schedules(agents: int | None, skip_locked: str) -> str:
+    """Take the most overdue due schedules that no worker holds (of *agents* named agents
+    only, as many placeholders, when given) and hold them until a time: each worker takes its
+    own share, so workers side by side start different schedules instead of racing for the
+    same ones. *skip_locked* is PostgreSQL's ``FOR UPDATE SKIP LOCKED`` (rows another worker
+    is taking are passed over); SQLite writes one transaction at a time and needs none."""
+    of_agents = "" if agents is None else f" AND agent IN ({', '.join('?' * agents)})"
+    return (f"UPDATE schedules SET claimed_until = ? WHERE name IN (SELECT name FROM schedules"
+            f" WHERE next_at <= ? AND paused = 0{of_agents}"
+            f" AND (claimed_until IS NULL OR claimed_until <= ?)"
+            f" ORDER BY next_at LIMIT ?{skip_locked}) RETURNING {_SCHEDULE_COLUMNS}")
+
+
+ADVANCE_SCHEDULE = ("UPDATE schedules SET next_at = ?, last_run_at = ?, claimed_until = NULL"
+                    " WHERE name = ?"
                     " AND next_at = ? AND paused = 0")
 DELETE_SCHEDULE = "DELETE FROM schedules WHERE name = ?"

@@ -193,6 +193,7 @@ class CachedStore:
         self.ping = inner.ping
         self.clock = inner.clock
         self.list_tasks = inner.list_tasks
+        self.leased_tasks = inner.leased_tasks
         self.find_tasks = inner.find_tasks
         self.acquire_limit = inner.acquire_limit
         self.release_limit = inner.release_limit
@@ -201,7 +202,7 @@ class CachedStore:
         self.limit_usage = inner.limit_usage
         self.collect_blobs = inner.collect_blobs
         self.put_schedule = inner.put_schedule
-        self.due_schedules = inner.due_schedules
+        self.claim_due_schedules = inner.claim_due_schedules
         self.advance_schedule = inner.advance_schedule
         self.delete_schedule = inner.delete_schedule
         self.list_schedules = inner.list_schedules

@@ -25,15 +25,14 @@ def listed(name: str | None) -> Steps[list[ScheduleRecord]]:
     return [_record(row) for row in found]
 
 
-def due(now: float, limit: int, agents: Collection[str] | None) -> Steps[list[ScheduleRecord]]:
-    if agents is None:
-        found = yield every(q.DUE_SCHEDULES, now, limit)
-    elif not agents:
+def claim(now: float, limit: int, agents: Collection[str] | None, hold: float,
+          skip_locked: str) -> Steps[list[ScheduleRecord]]:
+    if agents is not None and not agents:
         return []
-    else:
-        named = sorted(agents)
-        found = yield every(q.due_schedules_of(len(named)), now, *named, limit)
-    return [_record(row) for row in found]
+    named = [] if agents is None else sorted(agents)
+    found = yield every(q.claim_schedules(None if agents is None else len(named), skip_locked),
+                        now + hold, now, *named, now, limit)
+    return sorted((_record(row) for row in found), key=lambda s: (s.next_at or 0.0, s.name))
 
 
 def advance(name: str, expected: float, next_at: float | None, ran_at: float) -> Steps[bool]:

@@ -13,8 +13,9 @@ from tether.store import sqlite_integrity
 from tether.store.sqlite_faults import DAMAGE, Damage, classify, damaged, what_to_do
 from tether.store.sqlite_group_commit import write_transaction
 
-SCHEMA_VERSION = "4"  # 2: the blob table (R20); 3: snapshots and history as rowid tables;
-# 4: the named limits shared by all workers and the cron schedules
+SCHEMA_VERSION = "5"  # 2: the blob table (R20); 3: snapshots and history as rowid tables;
+# 4: the named limits shared by all workers and the cron schedules; 5: schedules held by the
+# worker starting them, and each limit's size
 
 
 @functools.cache
@@ -88,11 +89,24 @@ def create_or_upgrade(db: sqlite3.Connection, path: str) -> None:
     except sqlite3.Error as exc:
         raise classify(exc, path, "; the schema could not be created") from exc
     with write_transaction(db, path):
+        _add_missing_columns(db)
         db.execute("INSERT OR IGNORE INTO tether_meta (key, value) VALUES ('schema_version', ?)",
                    (SCHEMA_VERSION,))
         db.execute(  # an older store just gained the newer tables: it is this version now
             "UPDATE tether_meta SET value = ? WHERE key = 'schema_version'"
             " AND CAST(value AS INTEGER) < ?", (SCHEMA_VERSION, int(SCHEMA_VERSION)))
+
+
+ADDED_COLUMNS = {("schedules", "claimed_until"): "REAL", ("limit_locks", "size"): "TEXT"}
+"""Columns a later schema added to a table an earlier one created (CREATE TABLE IF NOT
+EXISTS leaves an existing table as it was)."""
+
+
+def _add_missing_columns(db: sqlite3.Connection) -> None:
+    for (table, column), kind in ADDED_COLUMNS.items():
+        have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        if column not in have:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
 
 def _is_current(db: sqlite3.Connection) -> bool:

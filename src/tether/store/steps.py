@@ -164,6 +164,11 @@ def list_tasks(status: Status | None, limit: int) -> Steps[list[TaskRecord]]:
     return [rows.task_record(row) for row in found]
 
 
+def leased_tasks(limit: int) -> Steps[list[TaskRecord]]:
+    found = yield every(q.LEASED_TASKS, limit)
+    return [rows.task_record(row) for row in found]
+
+
 def find_tasks(query: TaskQuery) -> Steps[list[TaskRecord]]:
     params: list[Any] = []
     if query.status is not None:

@@ -133,6 +133,23 @@ class LimitConformance:
         assert (await store.acquire_limit(ask("t", lease.fence, "t:1", concurrency=5),
                                           now + 31)).granted
 
+    async def test_a_limits_size_is_kept_as_its_workers_define_it(self, store: Store) -> None:
+        """Issue 29: operators read each limit's size from the store, without the app's code:
+        unknown until a worker admits under it, then the newest definition."""
+        now = time.time()
+        await make_task(store, "t")
+        lease = await claim(store, "t", now)
+        await store.block_limit("provider", "", now + 5, now)
+        (blocked,) = await store.limit_usage(now)
+        assert (blocked.concurrency, blocked.rate, blocked.tokens) == (None, None, None)
+        await store.acquire_limit(ask("t", lease.fence, "t:1", concurrency=3, rate=(5, 60.0),
+                                      tokens=(1000, 60.0)), now + 6)
+        (sized,) = await store.limit_usage(now + 6)
+        assert (sized.concurrency, sized.rate, sized.tokens) == (3, (5, 60.0), (1000, 60.0))
+        await store.acquire_limit(ask("t", lease.fence, "t:2", concurrency=4), now + 7)
+        (changed,) = await store.limit_usage(now + 7)
+        assert (changed.concurrency, changed.rate, changed.tokens) == (4, None, None)
+
     async def test_keys_are_separate_limits(self, store: Store) -> None:
         """Issue 19: "2 per tenant": each key has its own slots."""
         now = time.time()

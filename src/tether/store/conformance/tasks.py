@@ -270,6 +270,22 @@ class TaskConformance:
         assert again is not None and again.task_id == "t1"
         assert again.crashed is True
 
+    async def test_leased_tasks_are_the_unfinished_ones_a_worker_holds(self, store: Store
+                                                                      ) -> None:
+        """Issue 29: a task claimed and not yet running (pending) is leased as much as a
+        running one (a worker killed between the two leaves it so); released and finished
+        tasks are not, and the soonest lease end comes first."""
+        now = time.time()
+        for task_id in ("claimed", "running", "parked", "free"):
+            await make_task(store, task_id)
+        await claim(store, "claimed", now + 1, worker="w2")
+        running = await claim(store, "running", now)
+        await commit(store, running, Status.RUNNING, now)
+        await park(store, "parked", Status.WAITING, now)
+        assert [(t.task_id, t.status, t.lease_owner) for t in await store.leased_tasks()] == [
+            ("running", Status.RUNNING, "w1"), ("claimed", Status.PENDING, "w2")]
+        assert [t.task_id for t in await store.leased_tasks(limit=1)] == ["running"]
+
     async def test_a_lease_broken_for_a_dead_holder_is_claimable_at_once(self, store: Store
                                                                          ) -> None:
         """Issue 29: a worker that knows the holder is dead ends its lease; the task is claimed

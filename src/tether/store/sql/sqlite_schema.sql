@@ -99,6 +99,7 @@ CREATE TABLE IF NOT EXISTS limit_locks (
     name          TEXT NOT NULL,
     key           TEXT NOT NULL,
     blocked_until REAL,
+    size          TEXT,  -- the limit as its workers define it, JSON (schema 5)
     PRIMARY KEY (name, key)
 ) WITHOUT ROWID;
 -- Calls (or plans) holding a slot of a concurrency limit; a hold counts while its task is
@@ -146,6 +147,7 @@ CREATE TABLE IF NOT EXISTS schedules (
     paused      INTEGER NOT NULL,
     next_at     REAL,
     last_run_at REAL,
-    created_at  REAL NOT NULL
+    created_at  REAL NOT NULL,
+    claimed_until REAL  -- held by a worker starting its runs until then (schema 5)
 );
 CREATE INDEX IF NOT EXISTS schedules_due ON schedules (next_at);
