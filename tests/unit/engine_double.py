@@ -75,6 +75,10 @@ class FakeReads:
         self._check()
         return self.idempotency.get(key)
 
+    async def idempotency_keys(self, task_id: str) -> set[str]:
+        self._check()
+        return {key for key, record in self.idempotency.items() if record.task_id == task_id}
+
     async def pending_events(self, task_id: str) -> list[StoredEvent]:
         self._check()
         return [e for e in self.events if e.event.task_id == task_id]

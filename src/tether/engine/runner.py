@@ -26,6 +26,7 @@ from tether.engine.events import apply_event
 from tether.engine.host import RunnerHost
 from tether.engine.loading import newest_readable
 from tether.engine.preemption import Preempted, Preemptible
+from tether.engine.records import KnownRecords
 from tether.engine.task import hand_to_person, pop_frame, put_first, recorded
 from tether.errors import (
     InvalidInput,
@@ -85,7 +86,7 @@ class Runner:
                  history: list[dict[str, Any]]) -> None:
         self.host = host
         self.store = host.store
-        self.reads = self.store
+        self.reads = KnownRecords(self.store, claim.task_id)
         self.settings: Settings = host.settings
         self.tools: Mapping[str, Tool] = host.tools
         self.resource_kinds: ResourceKinds = host.resource_kinds
@@ -496,6 +497,7 @@ class Runner:
 
     def record_idempotency(self, call: CallState, status: OutcomeStatus, result: Any = None,
                            error: str | None = None) -> None:
+        self.reads.recorded(call.key)
         self._idempotency.append(IdempotencyRecord(
             call.key, self.snap.task_id, call.tool, call.args_hash, status, result,
             storable_text(error), call.attempt))

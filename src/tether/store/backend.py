@@ -149,6 +149,9 @@ class SQLBackend(ABC):
     async def get_idempotency(self, key: str) -> IdempotencyRecord | None:
         return await self._read(steps.get_idempotency(key))
 
+    async def idempotency_keys(self, task_id: str) -> set[str]:
+        return await self._read(steps.idempotency_keys(task_id))
+
     async def list_idempotency(self, task_id: str) -> list[IdempotencyRecord]:
         return await self._read(steps.list_idempotency(task_id))
 

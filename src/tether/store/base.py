@@ -255,6 +255,11 @@ class WorkerStore(SnapshotReads, Protocol):
     async def get_idempotency(self, key: str) -> IdempotencyRecord | None:
         """The record for one idempotency key."""
 
+    async def idempotency_keys(self, task_id: str) -> set[str]:
+        """The keys of every idempotency record of a task (read once when its runner first
+        looks a key up: from then on a key not among them, nor written by the runner since,
+        has no record, and is answered without asking)."""
+
     async def acquire_limit(self, request: LimitRequest, now: float) -> LimitAnswer:
         """Admit *request* under its limit, or hold its task back: the task is put in the
         limit's queue (by priority, then age) and told when to look again."""

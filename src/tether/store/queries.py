@@ -125,6 +125,7 @@ def pending_where(condition: str) -> str:
 # ------------------------------------------------------------------ idempotency, recovery log
 
 GET_IDEMPOTENCY = f"SELECT {_IDEMPOTENCY_COLUMNS} FROM idempotency WHERE key = ?"
+IDEMPOTENCY_KEYS = "SELECT key FROM idempotency WHERE task_id = ?"
 LIST_IDEMPOTENCY = f"SELECT {_IDEMPOTENCY_COLUMNS} FROM idempotency WHERE task_id = ? ORDER BY updated_at"
 # A key names one call of one task, so its task_id never changes: it is left out of the update,
 # and SQLite (which rewrites an index entry even for the same value) updates the row in place.

@@ -188,6 +188,7 @@ class CachedStore:
         self.add_event = inner.add_event
         self.pending_events = inner.pending_events
         self.get_idempotency = inner.get_idempotency
+        self.idempotency_keys = inner.idempotency_keys
         self.wake_all = inner.wake_all
         self.wait_for_change = inner.wait_for_change
         self.ping = inner.ping

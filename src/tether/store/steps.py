@@ -418,6 +418,11 @@ def get_idempotency(key: str) -> Steps[IdempotencyRecord | None]:
     return None if row is None else rows.idempotency_record(row)
 
 
+def idempotency_keys(task_id: str) -> Steps[set[str]]:
+    found = yield every(q.IDEMPOTENCY_KEYS, task_id)
+    return {str(row["key"]) for row in found}
+
+
 def list_idempotency(task_id: str) -> Steps[list[IdempotencyRecord]]:
     found = yield every(q.LIST_IDEMPOTENCY, task_id)
     return [rows.idempotency_record(row) for row in found]

@@ -313,6 +313,8 @@ class InboxConformance:
                                                              ("t1:f1:1", "failed")]
         assert await store.get_idempotency("t1:f1:9") is None
         assert await store.list_idempotency("t2") == []
+        assert await store.idempotency_keys("t1") == {"t1:f1:0", "t1:f1:1"}
+        assert await store.idempotency_keys("t2") == set()
 
     async def test_recovery_log_round_trip(self, store: Store) -> None:
         """R23: recovery records come back whole, oldest first, per task."""
