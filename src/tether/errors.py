@@ -106,6 +106,11 @@ class LeaseLost(TetherError):
     """This worker no longer holds the task's lease; another worker owns it now."""
 
 
+class InboxMoved(TetherError):
+    """Events the runner has not seen reached the task's inbox before a commit that asked
+    not to be written then (a call's resume point): nothing of it was written."""
+
+
 class CorruptSnapshot(TetherError):
     """A stored snapshot could not be read back."""
 

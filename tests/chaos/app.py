@@ -432,10 +432,10 @@ def break_guard(name: str) -> None:
 
         original = Runner.commit
 
-        async def commit(self: Any) -> None:
+        async def commit(self: Any, inbox_seen: frozenset[int] | None = None) -> None:
             if sys._getframe(1).f_code.co_name == "call_tool":
                 return  # the resume point: skipped; its buffered rows go with the next commit
-            await original(self)
+            await original(self, inbox_seen)
 
         Runner.commit = commit  # type: ignore[method-assign]
     else:

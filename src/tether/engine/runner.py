@@ -15,6 +15,7 @@ import copy
 import time
 from collections import Counter
 from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tether import blobs, dialog
@@ -29,6 +30,7 @@ from tether.engine.preemption import Preempted, Preemptible
 from tether.engine.records import KnownRecords
 from tether.engine.task import hand_to_person, pop_frame, put_first, recorded
 from tether.errors import (
+    InboxMoved,
     InvalidInput,
     LeaseLost,
     OutcomeUnknown,
@@ -113,6 +115,19 @@ class Runner:
         self._committed = False
         self._progress = False
         self._commit_asked = False
+        self._inbox_seen: frozenset[int] | None = None
+        """The pending events' ids at the last read of the inbox (None: not read yet)."""
+        self._planned = False
+        """The last step planned (and did nothing else): the next may start a call."""
+
+    def _read_at_resume_point(self) -> bool:
+        """Whether this tick leaves the inbox to the next call's resume point: right after a
+        plan whose first action is a tool call, with nothing stored by this process since."""
+        planned, self._planned = self._planned, False
+        frame = self.snap.frame
+        return (planned and self._inbox_seen is not None and not self.wake.is_set()
+                and self.snap.call is None and bool(frame.agenda)
+                and isinstance(frame.agenda[0].to_action(), ToolCall))
 
     # ------------------------------------------------------------------ loading
 
@@ -217,10 +232,18 @@ class Runner:
         return self.snap.recovery.retry_at
 
     async def tick(self) -> None:
-        """Drain the inbox: apply pending events, most urgent first (R5)."""
-        self.wake.clear()
+        """Drain the inbox: apply pending events, most urgent first (R5). Right after a plan
+        whose next action is a tool call, the inbox is not read here: the call's resume point
+        is written only if nothing arrived unread since the last read (``inbox_seen``), so a
+        message sent while the model answered still reaches the task before the call starts,
+        and a quick step costs one read of the inbox instead of two."""
         degrade.follow_worker(self)
-        for stored in await self.store.pending_events(self.snap.task_id):
+        if self._read_at_resume_point():
+            return
+        self.wake.clear()
+        pending = await self.store.pending_events(self.snap.task_id)
+        self._inbox_seen = frozenset(e.event.id for e in pending if e.event.id is not None)
+        for stored in pending:
             if stored.event.id not in self.applied:
                 with self.host.telemetry.span("tether.event", **{
                         "tether.event_id": stored.event.id, "tether.event_type": stored.event.type,
@@ -273,6 +296,7 @@ class Runner:
             frame.agenda.extend(planned)
             if self.agent_for(frame).commit_plans:
                 self.request_commit()  # the plan was paid for: never ask for it again
+            self._planned = True
             return  # the loop drains the inbox before acting: what arrived meanwhile goes first
         action = await self._prepared(frame)
         if action is None:
@@ -422,6 +446,7 @@ class Runner:
                            " since the step was planned)")
             return
         call = self.snap.call
+        before = self._before_call_start()
         if call is None and not degrade.allows(self, action.name):
             self.request_commit()
             return
@@ -443,7 +468,11 @@ class Runner:
         if call.attempt == 1:
             self.append_history(dialog.call(call.tool, call.args, call.key,
                                             tool_version=tool.version, **self.planned_by()))
-        await self.commit()  # the resume point: a crash from here on leaves the call in doubt
+        try:  # the resume point: a crash from here on leaves the call in doubt
+            await self.commit(inbox_seen=self._inbox_seen)
+        except InboxMoved:  # written only if nothing arrived unread: nothing was, nothing ran
+            self._undo_call_start(before)
+            return  # the loop reads the inbox, and the next step decides again
         failpoint("after_resume_point")
         started = time.monotonic()
         try:
@@ -589,8 +618,25 @@ class Runner:
             else None
             await self.store.set_status(self.claim, snap.status, reason, self._wake_at())
 
-    async def commit(self) -> None:
-        """Write the head and everything buffered since the last commit, atomically."""
+    def _before_call_start(self) -> _CallStart:
+        call = self.snap.call
+        return _CallStart(call, None if call is None else (call.attempt, call.status, call.retry_at),
+                          len(self._rows), len(self._idempotency), len(self._log),
+                          len(self.history), self.snap.history_len)
+
+    def _undo_call_start(self, before: _CallStart) -> None:
+        """Back to the state before the call was opened: its resume point was not written."""
+        self.snap.call = before.call
+        if before.call is not None and before.fields is not None:
+            before.call.attempt, before.call.status, before.call.retry_at = before.fields
+        del self._rows[before.rows:], self._idempotency[before.records:], self._log[before.log:]
+        del self.history[before.history:]
+        self.snap.history_len = before.history_len
+
+    async def commit(self, inbox_seen: frozenset[int] | None = None) -> None:
+        """Write the head and everything buffered since the last commit, atomically; with
+        *inbox_seen*, only if no pending event is outside it (else InboxMoved, nothing
+        written)."""
         snap = self.snap
         reason = storable_text(snap.error) if snap.status in (Status.NEEDS_HUMAN, Status.FAILED) \
             else None
@@ -599,7 +645,7 @@ class Runner:
             head=head, blobs=large, status=snap.status, history=self._rows,
             events_done=self._events_done, idempotency=self._idempotency,
             recovery_log=self._log, wake_at=self._wake_at(), reason=reason,
-            progress=self._progress)
+            progress=self._progress, inbox_seen=inbox_seen)
         try:
             self.version = await self.store.commit(
                 self.claim, checkpoint, self.settings.keep_versions,
@@ -617,3 +663,17 @@ class Runner:
 
     def _wake_at(self) -> float | None:
         return timers.wake_time(self.snap)
+
+
+@dataclass(frozen=True)
+class _CallStart:
+    """What opening and starting a call changes in a runner, as it was before."""
+
+    call: CallState | None
+    fields: tuple[int, CallStatus, float | None] | None
+    """The call's attempt, status and retry time, for a call opened earlier."""
+    rows: int
+    records: int
+    log: int
+    history: int
+    history_len: int

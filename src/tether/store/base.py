@@ -73,6 +73,11 @@ class Checkpoint:
     """The step moved the task forward: the store's crash counter starts again."""
     blobs: dict[str, bytes] = field(default_factory=dict)
     """Large values the head refers to by digest (R20); stored once, whoever wrote them first."""
+    inbox_seen: frozenset[int] | None = None
+    """Write this only if no pending event of the task is outside these ids (the events its
+    runner last read); else write nothing and raise InboxMoved. A call's resume point is
+    written so: a message that arrived while the model answered reaches the task before
+    the call starts, with no read of the inbox of its own. None: no such condition."""
 
 
 @dataclass(frozen=True)

@@ -294,6 +294,8 @@ class PostgresStore(SQLBackend):
             return self._missing(claim.task_id, "; nothing was written")
         if exc.sqlstate == postgres_checkpoint.LEASE_LOST:
             return steps.lease_lost(claim, exc.diag.message_primary)
+        if exc.sqlstate == postgres_checkpoint.INBOX_MOVED:
+            return steps.inbox_moved(claim.task_id)
         return await self._fault(exc, "; nothing was written")
 
     async def load_blobs(self, digests: Collection[str]) -> dict[str, bytes]:

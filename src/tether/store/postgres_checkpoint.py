@@ -34,11 +34,11 @@ CALL = ("SELECT tether_checkpoint(%s::text, %s::bigint, %s::float8, %s::bigint, 
         " %s::text, %s::text, %s::float8, %s::float8, %s::boolean, %s::text[], %s::bytea[],"
         " %s::int[], %s::int[], %s::bytea[], %s::bigint[], %s::text[], %s::text[], %s::text[],"
         " %s::text[], %s::text[], %s::text[], %s::bytea[], %s::text[], %s::int[], %s::bytea[],"
-        " %s::text)")
+        " %s::text, %s::bigint[])")
 _WAKES = {q.URGENT: "urgent", q.LEVERS: "levers"}
 """Which pending events wake the task after the write (steps.stranded_wake), as the function
 names them."""
-TASK_MISSING, LEASE_LOST = "TT404", "TT409"
+TASK_MISSING, LEASE_LOST, INBOX_MOVED = "TT404", "TT409", "TT412"
 """The SQLSTATEs ``tether_checkpoint`` raises."""
 
 
@@ -62,6 +62,7 @@ def call_params(claim: Claim, checkpoint: Checkpoint, keep: int, lease_until: fl
         [r.attempts for r in calls],
         [orjson.dumps(r) for r in checkpoint.recovery_log],
         None if wakes is None else _WAKES[wakes],
+        None if checkpoint.inbox_seen is None else sorted(checkpoint.inbox_seen),
     )
 
 

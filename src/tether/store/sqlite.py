@@ -273,6 +273,9 @@ class SQLiteStore(SQLBackend):
         now = time.time()
         task_id = claim.task_id
         head, status, wake_at, held_until = self._check_fence(db, claim)
+        if checkpoint.inbox_seen is not None and steps.unseen_events(
+                [row[0] for row in db.execute(q.PENDING_EVENT_IDS, (task_id,))], checkpoint):
+            raise steps.inbox_moved(task_id)  # the file's write lock: no event lands meanwhile
         version = steps.version_after(int(head), db.execute(q.NEWEST_VERSION, (task_id,)).fetchone())
         _put_head(db, task_id, version, keep, checkpoint.head, now)
         failpoint("mid_checkpoint")

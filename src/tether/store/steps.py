@@ -23,7 +23,14 @@ from typing import Any, Literal, NamedTuple, TypeVar
 
 import orjson
 
-from tether.errors import InboxFull, LeaseLost, TaskClosed, TaskExists, VersionNotFound
+from tether.errors import (
+    InboxFull,
+    InboxMoved,
+    LeaseLost,
+    TaskClosed,
+    TaskExists,
+    VersionNotFound,
+)
 from tether.failpoints import failpoint
 from tether.model import EmitReceipt, Event, IdempotencyRecord, Status, TaskRecord
 from tether.store import queries as q
@@ -218,6 +225,21 @@ def fenced(claim: Claim, row: rows.Row | None) -> rows.Row:
     if row["fence"] != claim.fence:
         raise lease_lost(claim, row["fence"])
     return row
+
+
+def inbox_moved(task_id: str) -> InboxMoved:
+    return InboxMoved(f"task {task_id}: events its runner has not read reached its inbox;"
+                      " the checkpoint was not written (the runner reads them and goes on)")
+
+
+def unseen_events(pending: Sequence[int], checkpoint: Checkpoint) -> bool:
+    """Whether the inbox holds an event the checkpoint's condition does not allow (see
+    :attr:`Checkpoint.inbox_seen`): pending, not among those seen, not consumed by it."""
+    seen = checkpoint.inbox_seen
+    if seen is None:
+        return False
+    consumed = {event_id for event_id, _ in checkpoint.events_done}
+    return any(event_id not in seen and event_id not in consumed for event_id in pending)
 
 
 def lease_lost(claim: Claim, fence_now: object) -> LeaseLost:

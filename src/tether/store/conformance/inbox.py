@@ -8,11 +8,12 @@ import pytest
 
 from tether.errors import (
     InboxFull,
+    InboxMoved,
     TaskClosed,
     TaskNotFound,
 )
 from tether.model import EventStatus, IdempotencyRecord, OutcomeStatus, Status
-from tether.store.base import Store
+from tether.store.base import HistoryRow, Store
 from tether.store.conformance.helpers import (
     LEASE,
     claim,
@@ -315,6 +316,40 @@ class InboxConformance:
         assert await store.list_idempotency("t2") == []
         assert await store.idempotency_keys("t1") == {"t1:f1:0", "t1:f1:1"}
         assert await store.idempotency_keys("t2") == set()
+
+    async def test_a_checkpoint_made_on_what_the_inbox_held_is_not_written_once_it_moved(
+            self, store: Store) -> None:
+        """Issue 30 (R4, R10): a call's resume point is written only if the inbox holds
+        nothing its runner has not read; an event stored after the read refuses it whole (no
+        new version, no dialog row, no call record), and once the runner has read that event
+        too (or this checkpoint consumes it) it is written."""
+        now = time.time()
+        await make_task(store, "t1")
+        lease = await claim(store, "t1", now)
+        seen = (await store.add_event(event("t1", "note"), 3, limits(), now)).event_id
+        started = IdempotencyRecord("t1:f1:0", "t1", "refund", "abc", OutcomeStatus.STARTED,
+                                    attempts=1)
+        row = HistoryRow(0, 1, {"role": "tool_call", "tool": "refund"})
+        version = await commit(store, lease, Status.RUNNING, now, idempotency=[started],
+                               history=[row], inbox_seen=frozenset({seen}))
+        newer = (await store.add_event(event("t1", "user_message", {"text": "stop"}), 1,
+                                       limits(), now)).event_id
+        refused = [started, IdempotencyRecord("t1:f1:1", "t1", "refund", "abc",
+                                              OutcomeStatus.STARTED, attempts=1)]
+        with pytest.raises(InboxMoved, match="t1"):
+            await commit(store, lease, Status.RUNNING, now, step=2, idempotency=refused,
+                         history=[HistoryRow(0, 2, {"role": "tool_call"})],
+                         inbox_seen=frozenset({seen}))
+        assert (await store.get_task("t1")).head_version == version  # nothing of it written
+        assert await store.get_idempotency("t1:f1:1") is None
+        assert await store.read_history("t1", [[0, -1]]) == [row.entry]
+        assert [e.event.id for e in await store.pending_events("t1")] == [newer, seen]
+        consumed = await commit(store, lease, Status.RUNNING, now, step=2,
+                                events_done=[(newer, EventStatus.APPLIED)],
+                                inbox_seen=frozenset({seen}))
+        assert consumed > version  # the event it consumes is not one it missed
+        assert await commit(store, lease, Status.RUNNING, now, step=3, inbox_seen=frozenset(
+            {seen, newer})) > consumed
 
     async def test_recovery_log_round_trip(self, store: Store) -> None:
         """R23: recovery records come back whole, oldest first, per task."""
