@@ -15,7 +15,6 @@ import copy
 import time
 from collections import Counter
 from collections.abc import Awaitable, Mapping
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tether import blobs, dialog
@@ -29,6 +28,7 @@ from tether.engine.loading import newest_readable
 from tether.engine.preemption import Preempted, Preemptible
 from tether.engine.records import KnownRecords
 from tether.engine.task import hand_to_person, pop_frame, put_first, recorded
+from tether.engine.uncommitted import CallStart, Uncommitted
 from tether.errors import (
     InboxMoved,
     InvalidInput,
@@ -68,7 +68,7 @@ from tether.model import (
 from tether.protocol import CONTROL_EVENTS
 from tether.resources import ResourceKinds
 from tether.settings import Settings
-from tether.store import Checkpoint, Claim, HistoryRow, StoredEvent
+from tether.store import Claim, HistoryRow, StoredEvent
 from tether.strategies import Strategy
 from tether.tools import Tool, ToolContext
 
@@ -107,13 +107,8 @@ class Runner:
         self.urgency = int(Priority.P2)
         """The most urgent event applied while this runner held the task: a call it then
         makes goes before less urgent ones held back by the same limit."""
-        self._rows: list[HistoryRow] = []
-        self._events_done: list[tuple[int, EventStatus]] = []
-        self._idempotency: list[IdempotencyRecord] = []
-        self._log: list[dict[str, Any]] = []
-        self._unsaved_steps = 0
+        self.pending = Uncommitted()
         self._committed = False
-        self._progress = False
         self._commit_asked = False
         self._inbox_seen: frozenset[int] | None = None
         """The pending events' ids at the last read of the inbox (None: not read yet)."""
@@ -428,8 +423,8 @@ class Runner:
             if action.note:
                 self.append_history(dialog.system("continue", note=action.note, **by))
             return  # committed with the plan that returned it; the next plan's commit keeps this
-        self._unsaved_steps += 1
-        if self._unsaved_steps >= self.settings.checkpoint_every_steps or \
+        self.pending.steps += 1
+        if self.pending.steps >= self.settings.checkpoint_every_steps or \
                 self.snap.status is not Status.RUNNING:
             self.request_commit()
 
@@ -446,7 +441,7 @@ class Runner:
                            " since the step was planned)")
             return
         call = self.snap.call
-        before = self._before_call_start()
+        before = CallStart.before(self.snap, self.pending, self.history)
         if call is None and not degrade.allows(self, action.name):
             self.request_commit()
             return
@@ -471,7 +466,7 @@ class Runner:
         try:  # the resume point: a crash from here on leaves the call in doubt
             await self.commit(inbox_seen=self._inbox_seen)
         except InboxMoved:  # written only if nothing arrived unread: nothing was, nothing ran
-            self._undo_call_start(before)
+            before.undo(self.snap, self.pending, self.history)
             return  # the loop reads the inbox, and the next step decides again
         failpoint("after_resume_point")
         started = time.monotonic()
@@ -527,7 +522,7 @@ class Runner:
     def record_idempotency(self, call: CallState, status: OutcomeStatus, result: Any = None,
                            error: str | None = None) -> None:
         self.reads.recorded(call.key)
-        self._idempotency.append(IdempotencyRecord(
+        self.pending.idempotency.append(IdempotencyRecord(
             call.key, self.snap.task_id, call.tool, call.args_hash, status, result,
             storable_text(error), call.attempt))
 
@@ -535,7 +530,7 @@ class Runner:
 
     def mark_progress(self) -> None:
         """The next commit moves the task forward (the store's crash counter starts again)."""
-        self._progress = True
+        self.pending.progress = True
 
     def put_first(self, action: Action, frame: Frame | None = None,
                   agent: Agent | None = None) -> None:
@@ -552,13 +547,13 @@ class Runner:
         entry.setdefault("at", time.time())
         self.snap.history_len += 1
         epoch = self.snap.history_segments[-1][0]
-        self._rows.append(HistoryRow(epoch, self.snap.history_len, to_plain(entry)))
+        self.pending.rows.append(HistoryRow(epoch, self.snap.history_len, to_plain(entry)))
         self.history.append(entry)
 
     def log_recovery(self, strategy: Strategy, event_id: int | None = None,
                      detail: str = "", traceback: str | None = None) -> None:
         record = recovery.log_record(self, strategy, event_id, detail, traceback)
-        self._log.append(record)
+        self.pending.log.append(record)
         self.counters[f"recovery:{strategy}"] += 1
         self.host.telemetry.recovery(record)
 
@@ -566,10 +561,11 @@ class Runner:
         """A rollback replaced the state: events applied since the last commit go back to the
         inbox (they are still pending in the store) and their dialog rows are dropped. Records
         of what tools did are kept: the outside world does not roll back."""
-        requeue = {e for e, _ in self._events_done} - self.applied_levers
+        requeue = {e for e, _ in self.pending.events_done} - self.applied_levers
         self.applied -= requeue
-        self._events_done = [(e, d) for e, d in self._events_done if e not in requeue]
-        self._rows = []
+        self.pending.events_done = [(e, d) for e, d in self.pending.events_done
+                                    if e not in requeue]
+        self.pending.rows = []
 
     def replace_state(self, snap: Snapshot, history: list[dict[str, Any]]) -> None:
         self.forget_uncommitted()
@@ -600,12 +596,11 @@ class Runner:
 
     def done_event(self, event_id: int, disposition: EventStatus) -> None:
         self.applied.add(event_id)
-        self._events_done.append((event_id, disposition))
+        self.pending.events_done.append((event_id, disposition))
 
     @property
     def dirty(self) -> bool:
-        return bool(self._rows or self._events_done or self._idempotency or self._log
-                    or self._unsaved_steps)
+        return bool(self.pending)
 
     async def flush(self) -> None:
         """Commit what is buffered. A parked task whose head did not change only gets its wake
@@ -618,21 +613,6 @@ class Runner:
             else None
             await self.store.set_status(self.claim, snap.status, reason, self._wake_at())
 
-    def _before_call_start(self) -> _CallStart:
-        call = self.snap.call
-        return _CallStart(call, None if call is None else (call.attempt, call.status, call.retry_at),
-                          len(self._rows), len(self._idempotency), len(self._log),
-                          len(self.history), self.snap.history_len)
-
-    def _undo_call_start(self, before: _CallStart) -> None:
-        """Back to the state before the call was opened: its resume point was not written."""
-        self.snap.call = before.call
-        if before.call is not None and before.fields is not None:
-            before.call.attempt, before.call.status, before.call.retry_at = before.fields
-        del self._rows[before.rows:], self._idempotency[before.records:], self._log[before.log:]
-        del self.history[before.history:]
-        self.snap.history_len = before.history_len
-
     async def commit(self, inbox_seen: frozenset[int] | None = None) -> None:
         """Write the head and everything buffered since the last commit, atomically; with
         *inbox_seen*, only if no pending event is outside it (else InboxMoved, nothing
@@ -641,11 +621,8 @@ class Runner:
         reason = storable_text(snap.error) if snap.status in (Status.NEEDS_HUMAN, Status.FAILED) \
             else None
         head, large = blobs.layered(snap.dumps(), self.settings.blob_threshold)
-        checkpoint = Checkpoint(
-            head=head, blobs=large, status=snap.status, history=self._rows,
-            events_done=self._events_done, idempotency=self._idempotency,
-            recovery_log=self._log, wake_at=self._wake_at(), reason=reason,
-            progress=self._progress, inbox_seen=inbox_seen)
+        checkpoint = self.pending.checkpoint(head, large, snap.status, self._wake_at(), reason,
+                                             inbox_seen)
         try:
             self.version = await self.store.commit(
                 self.claim, checkpoint, self.settings.keep_versions,
@@ -654,26 +631,11 @@ class Runner:
             self.host.log.warning("task %s: lease lost, stopping", snap.task_id)
             raise
         failpoint("after_checkpoint")
-        self._rows, self._events_done, self._idempotency, self._log = [], [], [], []
-        self._unsaved_steps = 0
+        self.pending = Uncommitted()
         self._committed = True
-        self._progress = False
         self._commit_asked = False
         recovery.emit_log_records(checkpoint.recovery_log, self.version)
 
     def _wake_at(self) -> float | None:
         return timers.wake_time(self.snap)
 
-
-@dataclass(frozen=True)
-class _CallStart:
-    """What opening and starting a call changes in a runner, as it was before."""
-
-    call: CallState | None
-    fields: tuple[int, CallStatus, float | None] | None
-    """The call's attempt, status and retry time, for a call opened earlier."""
-    rows: int
-    records: int
-    log: int
-    history: int
-    history_len: int
