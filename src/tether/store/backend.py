@@ -89,6 +89,8 @@ class SQLBackend(ABC):
     async def claim_due_schedules(self, now: float, limit: int = 100,
                                   agents: Collection[str] | None = None,
                                   hold: float = 30.0) -> list[ScheduleRecord]:
+        if not await self._read(schedule_steps.any_due(now, agents)):
+            return []  # nothing due: no write (an idle worker looks every second)
         return await self._write(schedule_steps.claim(now, limit, agents, hold,
                                                       self.SKIP_LOCKED))
 

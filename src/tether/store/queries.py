@@ -225,6 +225,19 @@ GET_SCHEDULE = f"SELECT {_SCHEDULE_COLUMNS} FROM schedules WHERE name = ?"
 LIST_SCHEDULES = f"SELECT {_SCHEDULE_COLUMNS} FROM schedules ORDER BY name"
 
 
+def _due_terms(agents: int | None) -> str:
+    of_agents = "" if agents is None else f" AND agent IN ({', '.join('?' * agents)})"
+    return (f"next_at <= ? AND paused = 0{of_agents}"
+            " AND (claimed_until IS NULL OR claimed_until <= ?)")
+
+
+@functools.cache
+def any_due_schedule(agents: int | None) -> str:
+    """Whether a schedule :func:`claim_schedules` would take is there: read first, so an
+    idle worker's look each second takes no write lock (SQLite) and writes nothing."""
+    return f"SELECT 1 AS due FROM schedules WHERE {_due_terms(agents)} LIMIT 1"
+
+
 @functools.cache
 def claim_schedules(agents: int | None, skip_locked: str) -> str:
     """Take the most overdue due schedules that no worker holds (of *agents* named agents
@@ -232,11 +245,9 @@ def claim_schedules(agents: int | None, skip_locked: str) -> str:
     own share, so workers side by side start different schedules instead of racing for the
     same ones. *skip_locked* is PostgreSQL's ``FOR UPDATE SKIP LOCKED`` (rows another worker
     is taking are passed over); SQLite writes one transaction at a time and needs none."""
-    of_agents = "" if agents is None else f" AND agent IN ({', '.join('?' * agents)})"
     return (f"UPDATE schedules SET claimed_until = ? WHERE name IN (SELECT name FROM schedules"
-            f" WHERE next_at <= ? AND paused = 0{of_agents}"
-            f" AND (claimed_until IS NULL OR claimed_until <= ?)"
-            f" ORDER BY next_at LIMIT ?{skip_locked}) RETURNING {_SCHEDULE_COLUMNS}")
+            f" WHERE {_due_terms(agents)} ORDER BY next_at LIMIT ?{skip_locked})"
+            f" RETURNING {_SCHEDULE_COLUMNS}")
 
 
 ADVANCE_SCHEDULE = ("UPDATE schedules SET next_at = ?, last_run_at = ?, claimed_until = NULL"

@@ -11,7 +11,7 @@ import orjson
 
 from tether.store import queries as q
 from tether.store.base import ScheduleRecord
-from tether.store.steps import Steps, change, every
+from tether.store.steps import Steps, change, every, one
 
 
 def put(schedule: ScheduleRecord) -> Steps[None]:
@@ -23,6 +23,15 @@ def put(schedule: ScheduleRecord) -> Steps[None]:
 def listed(name: str | None) -> Steps[list[ScheduleRecord]]:
     found = yield (every(q.GET_SCHEDULE, name) if name is not None else every(q.LIST_SCHEDULES))
     return [_record(row) for row in found]
+
+
+def any_due(now: float, agents: Collection[str] | None) -> Steps[bool]:
+    if agents is not None and not agents:
+        return False
+    named = [] if agents is None else sorted(agents)
+    found = yield one(q.any_due_schedule(None if agents is None else len(named)), now, *named,
+                      now)
+    return found is not None
 
 
 def claim(now: float, limit: int, agents: Collection[str] | None, hold: float,
