@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -29,22 +28,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for tier, prefix in TIERS.items():
             if where.startswith(prefix):
                 item.add_marker(getattr(pytest.mark, tier))
-
-
-WORKER_LINES = pytest.StashKey[list[str]]()
-"""Summary lines pytest-xdist's workers handed over (the torture totals of tests/chaos)."""
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node: Any, error: object) -> None:
-    line = getattr(node, "workeroutput", {}).get("tether_torture")
-    if line:
-        node.config.stash.setdefault(WORKER_LINES, []).append(line)
-
-
-def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    for line in config.stash.get(WORKER_LINES, []):
-        terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

@@ -20,28 +20,13 @@ def torture_stats(pytestconfig: pytest.Config) -> dict[str, Any]:
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    line = summary_line(config)
-    if line:
-        terminalreporter.write_line(line)
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Under pytest-xdist, a worker hands its line to the controller (``tests/conftest.py``
-    prints it), since only the controller has a terminal."""
-    line = summary_line(session.config)
-    workeroutput = getattr(session.config, "workeroutput", None)
-    if line and workeroutput is not None:
-        workeroutput["tether_torture"] = line
-
-
-def summary_line(config: pytest.Config) -> str | None:
     stats = config.stash.get(TORTURE_STATS, None)
     if not stats or not stats["seeds"]:
-        return None
+        return
     kills: Counter[str] = stats["kills"]
     seeds = stats["seeds"]
     total = sum(kills.values())
-    return (
+    terminalreporter.write_line(
         f"tether torture: {total} kills ({total - kills['event_stored']} of"
         f" {stats['incarnations']} workers, {kills['event_stored']} emitters) over"
         f" {len(seeds)} seeds ({min(seeds)}..{max(seeds)}) in {stats['seconds']:.1f}s;"
