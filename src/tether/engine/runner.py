@@ -122,7 +122,7 @@ class Runner:
         frame = self.snap.frame
         return (planned and self._inbox_seen is not None and not self.wake.is_set()
                 and self.snap.call is None and bool(frame.agenda)
-                and isinstance(frame.agenda[0].to_action(), ToolCall))
+                and frame.agenda[0].kind == "tool_call")
 
     # ------------------------------------------------------------------ loading
 

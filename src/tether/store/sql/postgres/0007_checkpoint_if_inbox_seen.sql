@@ -6,7 +6,8 @@
 -- among them nor consumed by this checkpoint, nothing is written and TT412 is raised. A
 -- call's resume point is written so: a message that arrived while the model answered
 -- reaches the task before the call starts, without a read of the inbox of its own (a round
--- trip a step). The 27-argument function of migration 3 stays for workers not yet upgraded.
+-- trip a step). The 27-argument function of migration 3 stays for workers not yet upgraded,
+-- as a call of this one with no condition (one body to keep, not two).
 CREATE OR REPLACE FUNCTION tether_checkpoint(
     p_task TEXT, p_fence BIGINT, p_now DOUBLE PRECISION, p_keep BIGINT, p_head BYTEA,
     p_status TEXT, p_reason TEXT, p_wake_at DOUBLE PRECISION, p_lease DOUBLE PRECISION,
@@ -93,4 +94,23 @@ BEGIN
     END IF;
     RETURN new_version;
 END
+$$;
+
+CREATE OR REPLACE FUNCTION tether_checkpoint(
+    p_task TEXT, p_fence BIGINT, p_now DOUBLE PRECISION, p_keep BIGINT, p_head BYTEA,
+    p_status TEXT, p_reason TEXT, p_wake_at DOUBLE PRECISION, p_lease DOUBLE PRECISION,
+    p_progress BOOLEAN,
+    p_blob_digests TEXT[], p_blob_data BYTEA[],
+    p_epochs INTEGER[], p_seqs INTEGER[], p_entries BYTEA[],
+    p_done_ids BIGINT[], p_done_as TEXT[],
+    p_keys TEXT[], p_call_tasks TEXT[], p_tools TEXT[], p_hashes TEXT[], p_call_status TEXT[],
+    p_results BYTEA[], p_errors TEXT[], p_attempts INTEGER[],
+    p_log BYTEA[],
+    p_wakes TEXT
+) RETURNS BIGINT LANGUAGE sql VOLATILE AS $$
+    SELECT tether_checkpoint(p_task, p_fence, p_now, p_keep, p_head, p_status, p_reason,
+                             p_wake_at, p_lease, p_progress, p_blob_digests, p_blob_data,
+                             p_epochs, p_seqs, p_entries, p_done_ids, p_done_as, p_keys,
+                             p_call_tasks, p_tools, p_hashes, p_call_status, p_results,
+                             p_errors, p_attempts, p_log, p_wakes, NULL::BIGINT[])
 $$;
