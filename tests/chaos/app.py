@@ -69,7 +69,7 @@ import sqlite3
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -191,17 +191,24 @@ def expected_summary(calls: list[list[Any]]) -> dict[str, Any]:
     return summarise(results)
 
 
+def answered(history: Sequence[Mapping[str, Any]]) -> list[Any]:
+    """The results of the calls that ran: a call set aside by a newer message (its result
+    row says ``not_run``) is not among them, so the agent asks for it again (R4)."""
+    return [row["content"] for row in history
+            if row.get("role") == "tool" and not row.get("not_run")]
+
+
 class Refunder(tt.Agent):
-    """Makes the calls listed in its input one after another, then finishes with a summary."""
+    """Makes the calls listed in its input one after another, then finishes with a summary.
+    Where it is comes from the dialog, as a model's would: a user message that arrives before
+    a call starts sets the call aside, and the next plan asks for it again."""
 
     async def plan(self, task: tt.TaskView) -> tt.Action:
         calls = task.input["calls"]
-        i = int(task.scratch.get("i", 0))
-        if i < len(calls):
-            task.scratch["i"] = i + 1
-            tool, order, amount = calls[i]
+        results = answered(task.history)
+        if len(results) < len(calls):
+            tool, order, amount = calls[len(results)]
             return tt.ToolCall(tool, call_args(tool, order, amount))
-        results = [row["content"] for row in task.history if row.get("role") == "tool"]
         return tt.Finish(summarise(results))
 
 

@@ -100,6 +100,8 @@ WORKER_POINTS: dict[str, tuple[int, int]] = {
     "during_recovery": (1, 2),
 }
 EVENT_TYPES = ("user_message", "follow_up", "retry", "progress", "heartbeat")
+SUPERSEDING = ("user_message", "follow_up")
+"""The event types that set aside a call recorded but not started (a newer message)."""
 TOOLS = ("refund_keyed", "refund_reconciled", "lookup")
 
 assert set(WORKER_POINTS) | {"event_stored"} <= set(POINTS)
@@ -507,6 +509,19 @@ async def check(plan: Plan, h: tt.Harness, ledger: Path, baseline: dict[str, Any
             elif paid[order] > 1:
                 bad("refund_repeated", task, f"{tool} {order} paid {paid[order]} times", order)
 
+    def set_aside_by(task_id: str, history: list[dict[str, Any]], events: list[Any]) -> None:
+        """A call answered "not run" was set aside by a newer message the task applied (R4):
+        its key names that event, and nothing else may keep a call from running."""
+        newer = {e.event.id for e in events
+                 if e.status == "applied" and e.event.type in SUPERSEDING}
+        for row in history:
+            if row.get("role") == "tool" and row.get("not_run"):
+                kind, _, rest = str(row.get("key")).partition(":")
+                because = rest.partition(":")[0]
+                if kind != "not-run" or not because.isdigit() or int(because) not in newer:
+                    bad("set_aside_unexplained", task_id, f"call {row.get('name')} answered"
+                        f" not run by {row.get('key')}, which names no applied newer message")
+
     for task_id, calls in plan.tasks.items():
         expected_orders.update(order for tool, order, _ in calls if tool != "lookup")
         info = await h.get(task_id)
@@ -529,7 +544,7 @@ async def check(plan: Plan, h: tt.Harness, ledger: Path, baseline: dict[str, Any
         if len(history) != snap.history_len:
             bad("history_len", task_id, f"history has {len(history)} rows, head says"
                 f" {snap.history_len}")
-        results = [row["content"] for row in history if row.get("role") == "tool"]
+        results = app.answered(history)
         expected_results = [app.lookup_result(o) if t == "lookup" else app.refund_result(o, a)
                             for t, o, a in calls]
         if results != expected_results[:len(results)]:
@@ -550,6 +565,7 @@ async def check(plan: Plan, h: tt.Harness, ledger: Path, baseline: dict[str, Any
                     f" still pending on a {status} task: never applied")
             elif stored.status not in ("pending", "applied", "coalesced", "ignored"):
                 bad("event_status", task_id, f"event {stored.event.id} ended {stored.status}")
+        set_aside_by(task_id, history, events)
         sources = Counter(e.event.source_event_id for e in events)
         for source, count in sources.items():
             if source is not None and count > 1:
@@ -771,6 +787,51 @@ def test_checker_reports_each_kind_of_damage(tmp_path: Path) -> None:
                      ("result_mismatch", "c2"), ("snapshot_unloadable", "c2"),
                      ("refund_lost", "c2"), ("event_accepted_twice", "c2"),
                      ("event_lost", "c2")}, found
+
+
+def test_a_call_set_aside_by_a_newer_message_runs_when_asked_for_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user message that reaches the inbox while the agent plans (here: sent from the plan
+    itself, through a second harness on the same file) sets the planned call aside before it
+    starts (R3, R4): the dialog answers it "not run", naming the message, and the next plan
+    asks for it again. The checker takes that as explained; CI's seed 9 met this race by
+    timing, as a lookup that never ran, when the test agent counted its calls in its scratch."""
+    tasks = {"m1": [["lookup", "m1-0", 0], ["refund_keyed", "m1-1", 5]]}
+    plan = Plan(-2, tasks, [], [])
+    db, ledger = tmp_path / "tether.db", tmp_path / "provider.db"
+    planned = app.Refunder.plan
+    sent: list[int] = []
+
+    async def plan_while_a_message_arrives(self: Any, task: tt.TaskView) -> tt.Action:
+        action = await planned(self, task)
+        if not sent:
+            sender = app.build_harness(db, ledger)
+            try:
+                receipt = await sender.emit(tt.Event("user_message", task.task_id, {"n": 0}))
+            finally:
+                await sender.close()
+            assert receipt.event_id is not None
+            sent.append(receipt.event_id)
+        return action
+
+    monkeypatch.setattr(app.Refunder, "plan", plan_while_a_message_arrives)
+
+    async def go() -> tuple[list[Violation], list[dict[str, Any]]]:
+        harness = app.build_harness(db, ledger)
+        try:
+            await harness.submit("refunder", {"calls": tasks["m1"]}, task_id="m1")
+            await harness.run_until_idle(timeout=30)
+            found = await check(plan, harness, ledger, {"m1": app.expected_summary(tasks["m1"])},
+                                Outcome(plan))
+            return found, await harness.history("m1")
+        finally:
+            await harness.close()
+
+    found, history = asyncio.run(go())
+    assert found == []
+    [not_run] = [r for r in history if r.get("role") == "tool" and r.get("not_run")]
+    assert not_run["name"] == "lookup" and not_run["key"].startswith(f"not-run:{sent[0]}:")
+    assert app.lookup_counts(ledger)["m1-0"] == 1
 
 
 # ---------------------------------------------------------------------- negative controls
