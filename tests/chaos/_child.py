@@ -18,14 +18,17 @@ from pathlib import Path
 
 
 def stopped(pid: int, timeout: float = 2.0) -> bool:
-    """Wait until the kernel shows *pid* stopped (state T in /proc/<pid>/stat)."""
+    """Wait until the kernel shows every thread of *pid* stopped (state T in each
+    /proc/<pid>/task/<tid>/stat). SIGSTOP stops a process's threads one by one: the main
+    thread may show T while a store thread still runs and can still take a lock."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         try:
-            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+            states = {(task / "stat").read_text().rpartition(")")[2].split()[0]
+                      for task in Path(f"/proc/{pid}/task").iterdir()}
         except (OSError, IndexError):
             return False
-        if state in ("T", "t"):
+        if states and states <= {"T", "t"}:
             return True
         time.sleep(0.001)
     return False
