@@ -69,7 +69,9 @@ T = TypeVar("T")
 # Claimable: not leased (or the lease expired), not among the tasks the asking worker is still
 # running (its runner may only be slow), and with work to do. Each branch is a range scan of a
 # partial index, so a claim stays cheap however many tasks wait or have finished (E7):
-# pending and running tasks with no due time; open tasks whose due time came (a timer, a
+# pending and running tasks with no due time and no holder (a leased one is not even looked
+# at, so a worker taking back 1,000 tasks does not step over the ones it already took, each
+# claim; one whose holder's lease ran out is the orphaned branch's); open tasks whose due time came (a timer, a
 # deadline, a scheduled start, a back-off, an event that woke them); tasks whose holder died
 # (lease expired while still owned: recovered before any new work, so a dead worker's tasks
 # never wait behind a backlog); finished tasks that a lever (rollback, resume) woke up.
@@ -77,8 +79,8 @@ T = TypeVar("T")
 _NOT_BUSY = "task_id NOT IN (SELECT value FROM json_each(:busy))"
 _FREE = f"(lease_until IS NULL OR lease_until < :now) AND {_NOT_BUSY}"
 _BRANCHES = (
-    f"""SELECT task_id, created_at AS due FROM tasks INDEXED BY tasks_open
-         WHERE status IN {q.OPEN} AND status IN ('pending', 'running') AND wake_at IS NULL
+    f"""SELECT task_id, created_at AS due FROM tasks INDEXED BY tasks_unleased
+         WHERE status IN ('pending', 'running') AND wake_at IS NULL AND lease_owner IS NULL
            AND {_FREE}""",
     f"""SELECT task_id, wake_at AS due FROM tasks INDEXED BY tasks_open
          WHERE status IN {q.OPEN} AND wake_at <= :now AND {_FREE}""",

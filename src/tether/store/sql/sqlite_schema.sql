@@ -24,6 +24,9 @@ CREATE INDEX IF NOT EXISTS tasks_by_status ON tasks (status, wake_at);
 -- Only unfinished tasks: what workers look through, however many finished tasks pile up.
 CREATE INDEX IF NOT EXISTS tasks_open ON tasks (status, wake_at)
     WHERE status IN ('pending', 'running', 'waiting', 'paused', 'needs_human');
+-- Tasks with work and no holder: what a claim looks for first, never stepping over leased ones.
+CREATE INDEX IF NOT EXISTS tasks_unleased ON tasks (status)
+    WHERE status IN ('pending', 'running') AND wake_at IS NULL AND lease_owner IS NULL;
 -- Tasks still owned by a worker: the ones whose lease ran out are recovered first.
 CREATE INDEX IF NOT EXISTS tasks_orphaned ON tasks (lease_until) WHERE lease_owner IS NOT NULL;
 
