@@ -71,10 +71,11 @@ T = TypeVar("T")
 # partial index, so a claim stays cheap however many tasks wait or have finished (E7):
 # pending and running tasks with no due time and no holder (a leased one is not even looked
 # at, so a worker taking back 1,000 tasks does not step over the ones it already took, each
-# claim; one whose holder's lease ran out is the orphaned branch's); open tasks whose due time came (a timer, a
-# deadline, a scheduled start, a back-off, an event that woke them); tasks whose holder died
-# (lease expired while still owned: recovered before any new work, so a dead worker's tasks
-# never wait behind a backlog); finished tasks that a lever (rollback, resume) woke up.
+# claim; one whose holder's lease ran out is the orphaned branch's); open tasks whose due
+# time came (a timer, a deadline, a scheduled start, a back-off, an event that woke them);
+# tasks whose holder died (lease expired while still owned: recovered before any new work,
+# so a dead worker's tasks never wait behind a backlog); finished tasks that a lever
+# (rollback, resume) woke up.
 # SQLite has no array parameters: the busy tasks come as one JSON list.
 _NOT_BUSY = "task_id NOT IN (SELECT value FROM json_each(:busy))"
 _FREE = f"(lease_until IS NULL OR lease_until < :now) AND {_NOT_BUSY}"
