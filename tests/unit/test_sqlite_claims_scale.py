@@ -50,7 +50,7 @@ def _steps_to_claim(db: Path, leased: int) -> tuple[str, int]:
         steps += 1
         return 0
 
-    store._db.set_progress_handler(count, 100)
+    store._db.set_progress_handler(count, 1)  # every VM step
 
     async def claim() -> str:
         try:

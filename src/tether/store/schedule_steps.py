@@ -25,12 +25,17 @@ def listed(name: str | None) -> Steps[list[ScheduleRecord]]:
     return [_record(row) for row in found]
 
 
+def _named(agents: Collection[str] | None) -> tuple[int | None, list[str]]:
+    """How many agents a look is limited to (None: all) and their names, in a stable order
+    (one cached statement per count)."""
+    return (None, []) if agents is None else (len(agents), sorted(agents))
+
+
 def any_due(now: float, agents: Collection[str] | None) -> Steps[bool]:
     if agents is not None and not agents:
         return False
-    named = [] if agents is None else sorted(agents)
-    found = yield one(q.any_due_schedule(None if agents is None else len(named)), now, *named,
-                      now)
+    count, named = _named(agents)
+    found = yield one(q.any_due_schedule(count), now, *named, now)
     return found is not None
 
 
@@ -38,9 +43,9 @@ def claim(now: float, limit: int, agents: Collection[str] | None, hold: float,
           skip_locked: str) -> Steps[list[ScheduleRecord]]:
     if agents is not None and not agents:
         return []
-    named = [] if agents is None else sorted(agents)
-    found = yield every(q.claim_schedules(None if agents is None else len(named), skip_locked),
-                        now + hold, now, *named, now, limit)
+    count, named = _named(agents)
+    found = yield every(q.claim_schedules(count, skip_locked), now + hold, now, *named, now,
+                        limit)
     return sorted((_record(row) for row in found), key=lambda s: (s.next_at or 0.0, s.name))
 
 
