@@ -104,7 +104,7 @@ def test_r01_an_uninterrupted_run_calls_the_tool_once_and_records_real_usage(
     assert info.snapshot.usage["prompt_tokens"] == sum(r["usage"]["prompt_tokens"] for r in rows)
 
 
-@pytest.mark.parametrize("point", ["before_plan_recorded@1", "after_resume_point@1",
+@pytest.mark.parametrize("point", ["after_checkpoint@1", "after_resume_point@1",
                                    "after_tool_before_commit@1", "before_plan_recorded@2"])
 def test_r10_a_killed_worker_costs_no_extra_completion_and_no_second_refund(
         tmp_path: Path, proxy: CountingProxy, uninterrupted: dict[str, Any], point: str,

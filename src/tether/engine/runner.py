@@ -261,7 +261,25 @@ class Runner:
         """Carry out the frame's next recorded action, planning one first if there is none."""
         with self.host.telemetry.span("tether.step", **{"tether.step": self.snap.step}):
             await self._step()
-        await self._commit_if_asked()
+        if not self._plan_rides_with_call():
+            await self._commit_if_asked()
+
+    def _plan_rides_with_call(self) -> bool:
+        """Whether the plan just made is left for its first call's resume point to commit.
+
+        A model answer whose first action is a call that can start at once is written in
+        one commit with that call's resume point, so a tool call costs one commit, and the
+        answer is still in the store before anything of it runs. A call that may wait first
+        (a limit's slot) gets the answer committed on its own: a kill while it waits must
+        not cost the completion. If the resume point is refused (a message arrived), the
+        answer is committed with the events the loop then applies."""
+        frame = self.snap.frame
+        if not (self._planned and self._commit_asked and self._inbox_seen is not None
+                and self.snap.call is None and frame.agenda
+                and frame.agenda[0].kind == "tool_call"):
+            return False
+        tool = self.tools.get(str(frame.agenda[0].action["name"]))
+        return tool is not None and not tool.limits
 
     async def _step(self) -> None:
         frame = self.snap.frame

@@ -86,24 +86,28 @@ class KillPoint:
 
 KILL_POINTS = (
     KillPoint("mid_checkpoint@1", "while the first answer is committed", 1, 1, 0),
-    KillPoint("before_plan_recorded@1", "the answer committed, before its first call", 1, 0, 0),
+    KillPoint("before_plan_recorded@1", "the answer received, before its first call and the"
+              " commit that writes both", 1, 1, 0),
+    KillPoint("after_checkpoint@1", "the answer committed with the lookup's resume point",
+              1, 0, 0),
     KillPoint("after_resume_point@2", "the refund's resume point committed, before it ran",
               1, 0, 0, in_doubt=True),
     KillPoint("inside_tool@1", "inside the refund, after the provider took it", 1, 0, 1,
               in_doubt=True),
     KillPoint("after_tool_before_commit@2", "the refund returned, its result not committed",
               1, 0, 1, in_doubt=True),
-    KillPoint("mid_checkpoint@5", "while the refund's result is committed", 1, 0, 1,
+    KillPoint("mid_checkpoint@4", "while the refund's result is committed", 1, 0, 1,
               in_doubt=True),
-    KillPoint("after_checkpoint@5", "the refund's result committed", 1, 0, 1),
-    KillPoint("mid_checkpoint@6", "while the second answer is committed", 2, 1, 1),
+    KillPoint("after_checkpoint@4", "the refund's result committed", 1, 0, 1),
+    KillPoint("mid_checkpoint@5", "while the second answer is committed", 2, 1, 1),
 )
 """The dangerous instants of one task (two calls in one answer, then a final answer). Under
-:data:`KILL_SETTINGS` its checkpoints are, in order: 1 the answer, 2 lookup's resume point,
-3 lookup's result, 4 the refund's resume point, 5 the refund's result, 6 the second answer,
-7 the end. Each test first checks that the kill landed where it says (what the fake was
-asked, what the store and the ledger hold), so an engine that commits otherwise fails with
-"the kill did not land ..." rather than testing some other instant."""
+:data:`KILL_SETTINGS` its checkpoints are, in order: 1 the answer with the lookup's resume
+point (an answer whose first call can start at once is written in one commit with that
+call's resume point), 2 lookup's result, 3 the refund's resume point, 4 the refund's result,
+5 the second answer, 6 the end. Each test first checks that the kill landed where it says
+(what the fake was asked, what the store and the ledger hold), so an engine that commits
+otherwise fails with "the kill did not land ..." rather than testing some other instant."""
 
 
 class KillRun:
