@@ -111,6 +111,10 @@ _RELEASE = "UPDATE tasks SET lease_owner = NULL, lease_until = ?, fence = fence 
 _REUSE_SNAPSHOT = ("UPDATE snapshots SET version = ?, created_at = ?, head = ? WHERE rowid = ("
                    " SELECT rowid FROM snapshots WHERE task_id = ? AND version <= ? ORDER BY version"
                    " LIMIT 1)")
+# A checkpoint's one read before it writes: the fence and the newest version (a rollback may
+# have left versions above the head), in one statement.
+_FENCE_AND_NEWEST = ("SELECT fence, head_version, status, wake_at, lease_until, (SELECT MAX(version)"
+                     " FROM snapshots WHERE task_id = ?1) AS newest FROM tasks WHERE task_id = ?1")
 # No array parameters in SQLite: the digests come as one JSON list.
 _NEWEST_ROWS = ("SELECT (SELECT COALESCE(MAX(id), 0) FROM events) AS events,"
                 " (SELECT COALESCE(MAX(rowid), 0) FROM tasks) AS tasks")
@@ -214,14 +218,14 @@ class SQLiteStore(SQLBackend):
                 return None
             return _take(db, task, worker, now, lease)
 
-    def _check_fence(self, db: sqlite3.Connection, claim: Claim) -> tuple[Any, ...]:
-        """The one fence check of every write under a lease: the task's (head_version, status,
-        wake_at, lease_until) if *claim* still holds it, else LeaseLost."""
+    def _check_fence(self, db: sqlite3.Connection, claim: Claim, read: str = q.FENCE) -> Any:
+        """The one fence check of every write under a lease: the task's row as *read* gives
+        it (at least its fence, head_version, status, wake_at, lease_until) if *claim* still
+        holds it, else LeaseLost."""
         try:  # on every step: read directly, decided by the shared check
-            row = steps.fenced(claim, db.execute(q.FENCE, (claim.task_id,)).fetchone())
+            return steps.fenced(claim, db.execute(read, (claim.task_id,)).fetchone())
         except steps.Missing as gone:
             raise self._missing(gone.task_id) from None
-        return row["head_version"], row["status"], row["wake_at"], row["lease_until"]
 
     async def renew(self, claim: Claim, until: float) -> None:
         with self._transaction() as db:
@@ -275,16 +279,17 @@ class SQLiteStore(SQLBackend):
         self.file.check()  # under the lock: a step is acknowledged only once in the file opened
         now = time.time()
         task_id = claim.task_id
-        head, status, wake_at, held_until = self._check_fence(db, claim)
+        task = self._check_fence(db, claim, _FENCE_AND_NEWEST)
         if checkpoint.inbox_seen is not None and steps.unseen_events(
                 [row[0] for row in db.execute(q.PENDING_EVENT_IDS, (task_id,))], checkpoint):
             raise steps.inbox_moved(task_id)  # the file's write lock: no event lands meanwhile
-        version = steps.version_after(int(head), db.execute(q.NEWEST_VERSION, (task_id,)).fetchone())
+        version = steps.version_after(int(task["head_version"]), task)
         _put_head(db, task_id, version, keep, checkpoint.head, now)
         failpoint("mid_checkpoint")
         for batch in steps.checkpoint_batches(task_id, checkpoint, now):  # the hot path: direct
             db.executemany(batch.sql, batch.params)
-        db.execute(*_update_task(task_id, version, checkpoint, (status, wake_at, held_until),
+        db.execute(*_update_task(task_id, version, checkpoint,
+                                 (task["status"], task["wake_at"], task["lease_until"]),
                                  (now, lease_until)))
         if steps.stranded_wake(checkpoint.status, checkpoint.wake_at, now) is not None:
             self._run(db, steps.settle_inbox(task_id, checkpoint.status, now, checkpoint.wake_at))
@@ -402,8 +407,9 @@ def _put_head(db: sqlite3.Connection, task_id: str, version: int, keep: int, hea
     a ~2 KB row each time also split, freed and reallocated pages, twice the WAL frames
     to fsync per step. Versions beyond *keep* left over (keep was lowered) are dropped.
     """
-    reused = db.execute(_REUSE_SNAPSHOT, (version, now, head, task_id, version - keep)).rowcount
-    if reused == 0:
+    oldest_dropped = version - keep  # no version is below 1: a young task has none to reuse
+    if oldest_dropped < 1 or db.execute(
+            _REUSE_SNAPSHOT, (version, now, head, task_id, oldest_dropped)).rowcount == 0:
         db.execute(q.INSERT_SNAPSHOT, (task_id, version, now, head))
     if version > keep:
         db.execute(q.DROP_SNAPSHOTS_TO, (task_id, version - keep))

@@ -259,8 +259,8 @@ def set_status(task_id: str, status: Status, reason: str | None, now: float,
 
 
 def version_after(head: int, newest: rows.Row) -> int:
-    """The next version number, given the task's head and the row of
-    :data:`tether.store.queries.NEWEST_VERSION`."""
+    """The next version number, given the task's head and a row whose ``newest`` is the
+    task's newest version (:data:`tether.store.queries.NEWEST_VERSION`)."""
     return max(head, int(newest["newest"] or 0)) + 1
 
 
