@@ -18,6 +18,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
     ("pydantic_ai_support.py", "Order A1 arrived broken: I refunded 5 EUR."),
     ("openai_agents_support.py", "Order A1 arrived broken: I refunded 5 EUR."),
     ("langchain_support.py", "Order A1 arrived broken: I refunded 5 EUR."),
+    ("adk_support.py", "Order A1 arrived broken: I refunded 5 EUR."),
 ])
 def test_chat_example_completes_under_the_fake_model(tmp_path: Path, script: str,
                                                      expected: str) -> None:

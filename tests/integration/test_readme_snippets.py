@@ -40,7 +40,7 @@ def files() -> dict[str, str]:
 def test_the_readme_has_programs_to_run() -> None:
     texts = list(programs().values())
     for integration in ("ChatAgent(", "PydanticAIAgent(", "OpenAIAgentsAgent(", "LangChainAgent(",
-                        "LangGraphAgent(", "MCPTools."):
+                        "LangGraphAgent(", "ADKAgent(", "MCPTools."):
         assert any(integration in t for t in texts), f"no complete program uses {integration}"
     for text in texts:  # every file a program starts is in the README too
         for used in re.findall(r'"(\w+\.py)"', text):

@@ -1,0 +1,482 @@
+"""Google ADK agents under tether (issue 31): ``ADKAgent(llm_agent)`` in one line (R1, R3, R10,
+R12, R17, E1).
+
+ADK's own ``Runner`` makes every model request, with the agent's model, instructions,
+callbacks and request processors as ADK assembles them; tether drives it one model answer at
+a time and owns everything around it:
+
+- **One model answer is one committed plan.** A plan runs the ``Runner`` on the task's ADK
+  session until the model's answer (its function calls, or its final text) and stops there:
+  ADK saves the answer before it hands it over and runs no tool of it. The answer's calls are
+  the plan's actions, committed before any runs, so a worker killed after it never pays for it
+  again.
+- **Each function call is a tether call**, run by tether (resume point, idempotency key, the
+  tool's :class:`tether.ToolPolicy`, reconcile, retries), the key reachable from the tool
+  through :func:`tether.current_call`. Parallel calls of one answer each get their own key and
+  resume point, in order; none is lost on resume (each one is in the committed answer).
+- **The next request carries every call's answer**: the results, errors and "not run" answers
+  go back as function responses, and a person's message (a P1 ``user_message``) as the user's
+  words after them, so ADK asks the model with all of it.
+- **A P0 cuts the answer** while it streams (``stream=None``: ADK's server-sent events; a model
+  that never sends partial text is asked the same way) and the task goes on.
+
+The task's ADK session is kept in this process between plans and rebuilt from the task's
+dialog rows after a load, a rollback or a fork (each model answer is kept in its dialog row as
+ADK's own event). What is not mapped yet is refused when the agent is made, by name: sub-agents
+(agent transfer), tools other than plain functions (toolsets, agent tools, built-in tools,
+long-running tools), tools that take ADK's ``tool_context`` or need ADK's confirmation, and
+the agent's own tool callbacks (tether runs the tools, so they would never be called).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import inspect
+import itertools
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from google.adk.agents import LlmAgent, run_config
+from google.adk.events import Event
+from google.adk.models.base_llm import BaseLlm
+from google.adk.models.llm_request import LlmRequest
+from google.adk.models.llm_response import LlmResponse
+from google.adk.runners import Runner
+from google.adk.sessions import InMemorySessionService, Session
+from google.adk.tools.function_tool import FunctionTool
+from google.adk.tools.long_running_tool import LongRunningFunctionTool
+from google.genai import types
+
+from tether import dialog
+from tether.agent import DialogPosition, TaskView
+from tether.agents.base import ModelAgent, hook_takes_call
+from tether.agents.model_calls import ModelError, RetryPolicy
+from tether.errors import ConfigurationError
+from tether.model import Action, Finish, ToolCall
+from tether.tools import ReconcileFn, Tool, ToolContext, ToolPolicy, hook_name, running
+
+APP = "tether"
+USER = "tether"
+CALL = ("call_id", "args")
+"""What a tether call of an ADK tool carries: the model's call id and the arguments."""
+AGAIN = 3
+"""Answers in a row that held only calls of tools the agent does not have, before the plan
+fails (each is answered, as ADK answers a call of an unknown tool)."""
+NOT_MADE = "this call was not made (its answer was dropped)"
+GO_ON = "Go on."
+"""Sent when a request has nothing new to say (the answer before it was cut off)."""
+TOOL_CALLBACKS = ("before_tool_callback", "after_tool_callback", "on_tool_error_callback")
+_sessions = itertools.count(1)
+_streamed: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "tether_adk_streamed", default=None)
+"""The text of the answer streaming in the plan that asked for it (ADK's model call runs in
+a task of its own, which copies the plan's context)."""
+
+
+class ADKAgent(ModelAgent):
+    """An ADK ``LlmAgent`` as a tether agent (see the module docstring). *tools* gives ADK
+    tools their policies by name (a tool without one is an ordinary call: retried on error,
+    never assumed to have a side effect)."""
+
+    input_required = True
+
+    def __init__(self, agent: LlmAgent, *, tools: Mapping[str, ToolPolicy] | None = None,
+                 stream: bool | None = None, retry: RetryPolicy | None = None,
+                 version: str = "1") -> None:
+        super().__init__(retry=retry, stream=stream, version=version)
+        self.tools = _function_tools(agent)
+        self.agent = agent.clone(update={"model": Watched(model=agent.canonical_model.model,
+                                                          inner=agent.canonical_model)})
+        self.policies = self.checked_policies(tools, self.tools, f"ADK agent {agent.name!r}")
+        self.reconcilers = {name: _reconciler(name, self.tools[name], policy.reconcile)
+                            for name, policy in self.policies.items()
+                            if policy.reconcile is not None}
+        self.sessions = InMemorySessionService()
+        self.runner = Runner(app_name=APP, agent=self.agent, session_service=self.sessions)
+
+    # ------------------------------------------------------------------ registration
+
+    def own_tools(self) -> Sequence[Tool]:
+        """One tether tool per ADK function tool, named ``<agent>.<tool>``."""
+        return [self._tool(name) for name in self.tools]
+
+    def _tool(self, name: str) -> Tool:
+        async def run(ctx: ToolContext, call_id: str, args: dict[str, Any]) -> dict[str, Any]:
+            return await self._run_tool(ctx, name, args)
+
+        run.__doc__ = f"ADK tool {name}, run through tether."
+        return self.framework_tool(name, run, self.policies.get(name, ToolPolicy()),
+                                   self.reconcilers.get(name))
+
+    async def _run_tool(self, ctx: ToolContext, name: str, args: dict[str, Any]
+                        ) -> dict[str, Any]:
+        """The tool's function on the model's arguments; its value as ADK answers the model
+        with it (a dict as it is, anything else as ``{"result": value}``)."""
+        func = self.tools[name].func
+        with running(ctx):
+            if inspect.iscoroutinefunction(func):
+                value = await func(**args)
+            else:  # a plain function runs in a thread, never cut (a sync tool in tether)
+                value = await asyncio.to_thread(func, **args)
+        return _response(value)
+
+    # ------------------------------------------------------------------ planning
+
+    async def plan(self, task: TaskView) -> Action | list[Action]:
+        opening = _text(task.input)
+        talk = self.kept(task, lambda: Conversation(self.name, self.agent.name, opening), opening)
+        for _ in range(AGAIN):
+            answer, seconds = await self._ask(task, talk)
+            actions, unknown = self._actions(answer)
+            _record(task, self.agent, answer, seconds, unknown)
+            if actions:
+                return actions
+            if not unknown:
+                return Finish(_final_text(answer))
+            talk.answered(unknown)
+        raise ModelError(f"agent {self.name}: {AGAIN} answers in a row held only calls of tools"
+                         f" that {self.agent.name!r} does not have")
+
+    async def _ask(self, task: TaskView, talk: Conversation) -> tuple[list[Event], float]:
+        """One model answer, through ADK's Runner on the task's session (made again from the
+        dialog when an earlier attempt may have left part of a turn in it)."""
+        partial: list[str] = []
+
+        async def once() -> list[Event]:
+            partial.clear()
+            session = await talk.session(self.sessions, task.task_id)
+            message = await talk.message(self.sessions, session)
+            talk.dirty = True  # until the answer is in: a failed attempt leaves half a turn
+            answer = await self._run(session, message, partial)
+            talk.took(message, answer)
+            return answer
+
+        return await self.request(once, f"agent {self.name}", lambda: "".join(partial))
+
+    async def _run(self, session: Session, message: types.Content,
+                   partial: list[str]) -> list[Event]:
+        modes = run_config.StreamingMode  # type: ignore[attr-defined]
+        mode = modes.SSE if self.streams() else modes.NONE
+        answer: list[Event] = []
+        _streamed.set(partial)
+        events = self.runner.run_async(user_id=USER, session_id=session.id,
+                                       new_message=message,
+                                       run_config=run_config.RunConfig(streaming_mode=mode))
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if event.error_code:
+                    raise ModelError(f"agent {self.name}: the model failed: {event.error_code}"
+                                     f" {event.error_message or ''}".strip())
+                if event.partial:
+                    continue
+                if event.author == "user":
+                    continue
+                answer.append(event)
+                if event.get_function_calls() or event.is_final_response():
+                    break  # saved, and no tool of it started: tether runs them
+        if not answer:
+            raise ModelError(f"agent {self.name}: ADK ended the turn without a model answer")
+        return answer
+
+    def _actions(self, answer: list[Event]) -> tuple[list[Action], list[types.Part]]:
+        """The calls of the answer as tether calls, and the answers to calls of tools the
+        agent does not have."""
+        actions: list[Action] = []
+        unknown: list[types.Part] = []
+        for call in (c for event in answer for c in event.get_function_calls()):
+            if call.name in self.tools:
+                actions.append(ToolCall(f"{self.name}.{call.name}",
+                                        {"call_id": call.id, "args": dict(call.args or {})}))
+            else:
+                unknown.append(_function_response(call.id, str(call.name), {
+                    "error": f"Tool {call.name} not found in agent {self.agent.name}."}))
+        return actions, unknown
+
+    def forget(self, decoded: Any) -> None:
+        """A conversation dropped (decoded again, or the oldest kept): its session goes."""
+        if isinstance(decoded, Conversation) and decoded.live is not None:
+            self.sessions.delete_session_sync(app_name=APP, user_id=USER,
+                                              session_id=decoded.live.id)
+            decoded.live = None
+
+
+class Watched(BaseLlm):
+    """The agent's model, watched: the text of an answer is kept as it streams in, so a P0
+    that cuts the answer keeps what the model had said (ADK hands its events over later)."""
+
+    inner: BaseLlm
+
+    @property
+    def capabilities(self) -> Any:
+        return self.inner.capabilities
+
+    async def generate_content_async(self, llm_request: LlmRequest, stream: bool = False
+                                     ) -> AsyncGenerator[LlmResponse, None]:
+        said = _streamed.get()
+        answers = self.inner.generate_content_async(llm_request, stream)
+        async with contextlib.aclosing(answers):
+            async for answer in answers:
+                if said is not None and answer.partial and answer.content is not None:
+                    said.extend(p.text for p in answer.content.parts or []
+                                if p.text and not p.thought)
+                yield answer
+
+
+# ---------------------------------------------------------------------------- the conversation
+
+
+class Conversation:
+    """A task's ADK conversation as its dialog rows hold it: the events every request so far
+    was made from, and what the next request sends (the answers to the last answer's calls,
+    then what was said since). The live session mirrors the events; one that may not (a
+    failed or cut attempt, an answer this process did not make) is made again from them."""
+
+    def __init__(self, agent: str, author: str, opening: str) -> None:
+        self.prefix = f"{agent}."
+        self.author = author
+        """The ADK agent's name: the model's own turns are its (another author's are quoted
+        to the model as someone else's)."""
+        self.position: DialogPosition | None = None
+        self.opening = opening
+        self.events: list[Event] = []
+        self.responses: list[types.Part] = []
+        self.said: list[types.Part] = [types.Part(text=opening)]
+        self.open: dict[str, str] = {}
+        """The last answer's calls not answered yet: the model's call id, the tool's name."""
+        self.calls: dict[str, str] = {}
+        """Each tether call key of an ADK tool: the model's call id."""
+        self.known: set[str] = set()
+        """Ids of the events already in the conversation (answers made in this process)."""
+        self.live: Session | None = None
+        self.dirty = False
+
+    def feed(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        for row in rows:
+            self._take(dialog.read(row))
+
+    def _take(self, row: dialog.DialogRow) -> None:
+        if isinstance(row, dialog.UserRow | dialog.EventRow):
+            self.said.append(types.Part(text=dialog.spoken(row, _text(row.content))))
+        elif isinstance(row, dialog.Decision):
+            self.said.append(types.Part(text=f"[decide] {_text(row.content)}"))
+        elif isinstance(row, dialog.Completion):
+            for message in row.messages:
+                event = Event.model_validate(message)
+                if event.id not in self.known:
+                    self._add(event)
+        elif isinstance(row, dialog.ReplyRow) and row.cut_off:
+            self._add(Event(author=self.author, invocation_id="", content=types.Content(
+                role="model", parts=[types.Part(text=_text(row.text) + dialog.CUT_OFF)])))
+        elif isinstance(row, dialog.CallRow) and row.name.startswith(self.prefix):
+            args = row.args if isinstance(row.args, Mapping) else {}
+            self.calls[row.key] = str(args.get("call_id"))
+        elif isinstance(row, dialog.ResultRow) and row.key in self.calls:
+            call_id = self.calls[row.key]
+            name = self.open.pop(call_id, row.name[len(self.prefix):])
+            self.responses.append(_function_response(call_id, name, _answer(row)))
+
+    def _add(self, event: Event) -> None:
+        """An event this process did not send or receive: after what was sent for it."""
+        if event.author != "user":
+            self._flush()
+        self.events.append(event)
+        self.known.add(event.id)
+        self._opened(event)
+        self.dirty = True
+
+    def _opened(self, event: Event) -> None:
+        for call in event.get_function_calls():
+            self.open[str(call.id)] = str(call.name)
+
+    def _pending(self) -> list[types.Part]:
+        """The answers to send: every call of the last answer answered, one never made (its
+        answer was dropped) as such, so the provider's protocol holds."""
+        unmade = [_function_response(call_id, name, {"error": NOT_MADE})
+                  for call_id, name in self.open.items()]
+        self.open = {}
+        return [*self.responses, *unmade]
+
+    def _flush(self) -> None:
+        parts = [*self._pending(), *self.said]
+        if parts:
+            self.events.append(_user_event(parts))
+        self.responses, self.said = [], []
+
+    async def session(self, sessions: InMemorySessionService, task_id: str) -> Session:
+        """The live session, made again from the events when it may not mirror them."""
+        if self.live is not None and not self.dirty:
+            return self.live
+        if self.live is not None:
+            await sessions.delete_session(app_name=APP, user_id=USER, session_id=self.live.id)
+        session = await sessions.create_session(app_name=APP, user_id=USER,
+                                                session_id=f"{task_id}:{next(_sessions)}")
+        for event in self.events:
+            await sessions.append_event(session, event.model_copy())
+        self.live, self.dirty = session, False
+        return session
+
+    async def message(self, sessions: InMemorySessionService, session: Session
+                      ) -> types.Content:
+        """What the next request sends. ADK takes answers to calls or words as a new
+        message, not both: answers followed by words go into the session first."""
+        responses = self._pending()
+        if responses and self.said:
+            event = _user_event(responses)
+            await sessions.append_event(session, event)
+            self.events.append(event)
+            responses = []
+        self.responses = responses
+        parts = responses or self.said or [types.Part(text=GO_ON)]
+        return types.Content(role="user", parts=list(parts))
+
+    def took(self, message: types.Content, answer: Sequence[Event]) -> None:
+        """The request went through: what it sent and what the model answered are in the
+        session, and the answer's row, fed next time, is known."""
+        self.events.append(_user_event(list(message.parts or [])))
+        self.responses, self.said = [], []
+        for event in answer:
+            self.events.append(event)
+            self.known.add(event.id)
+            self._opened(event)
+        self.dirty = False
+
+    def answered(self, parts: list[types.Part]) -> None:
+        """Calls of tools the agent lacks, answered: the next request sends the answers."""
+        for part in parts:
+            if part.function_response is not None:
+                self.open.pop(str(part.function_response.id), None)
+        self.responses = parts
+
+
+# ---------------------------------------------------------------------------- reconcile hooks
+
+
+def _reconciler(name: str, tool: FunctionTool, hook: ReconcileFn) -> ReconcileFn:
+    """*hook* of the ADK tool *name*, checked against its function now, and given the tool's
+    arguments or the model's call, as its signature says; what it found is the call's answer
+    as the tool's value would be."""
+    takes_call, properties = hook_takes_call(
+        name, hook, _schema(tool.func), CALL, "async def hook(ctx, call_id: str, args: dict)")
+
+    async def reconcile(ctx: ToolContext, call_id: str, args: dict[str, Any]) -> Any:
+        if takes_call:
+            found = await hook(ctx, call_id=call_id, args=args)
+        else:
+            found = await hook(ctx, **{k: v for k, v in args.items() if k in properties})
+        return None if found is None else _response(found)
+
+    reconcile.__doc__ = f"The reconcile hook {hook_name(hook)} of ADK tool {name}."
+    return reconcile
+
+
+def _schema(func: Callable[..., Any]) -> dict[str, Any]:
+    """A function's parameters as the JSON-schema shape hooks are checked against."""
+    params = inspect.signature(func).parameters
+    return {"properties": {n: {} for n in params},
+            "required": [n for n, p in params.items() if p.default is inspect.Parameter.empty]}
+
+
+# ---------------------------------------------------------------------------- the agent
+
+
+def _function_tools(agent: LlmAgent) -> dict[str, FunctionTool]:
+    """The agent's function tools by name; what tether cannot run yet is refused by name."""
+    if not isinstance(agent, LlmAgent):
+        raise ConfigurationError(f"ADKAgent takes an ADK LlmAgent, not {type(agent).__name__}")
+    refusals = []
+    if agent.sub_agents:
+        refusals.append(f"sub-agents {', '.join(a.name for a in agent.sub_agents)} (agent"
+                        " transfer is not mapped yet)")
+    refusals += [f"the agent's {name} (tether runs the tools, so it would never be called)"
+                 for name in TOOL_CALLBACKS if getattr(agent, name, None)]
+    tools: dict[str, FunctionTool] = {}
+    for item in agent.tools:
+        tool = FunctionTool(item) if callable(item) and not isinstance(item, FunctionTool) \
+            else item
+        why = _unmapped(tool)
+        if why:
+            refusals.append(why)
+        else:
+            assert isinstance(tool, FunctionTool)
+            tools[tool.name] = tool
+    if refusals:
+        raise ConfigurationError(f"ADK agent {agent.name!r} uses what tether does not run yet: "
+                                 + "; ".join(refusals))
+    return tools
+
+
+def _unmapped(tool: Any) -> str | None:
+    name = getattr(tool, "name", type(tool).__name__)
+    if not isinstance(tool, FunctionTool) or isinstance(tool, LongRunningFunctionTool) \
+            or (type(tool) is not FunctionTool and not _plain_subclass(tool)):
+        return f"tool {name!r} ({type(tool).__name__}: only plain function tools are run)"
+    if getattr(tool, "_require_confirmation", False):
+        return f"tool {name!r} (ADK's require_confirmation is not mapped yet)"
+    if "tool_context" in inspect.signature(tool.func).parameters:
+        return f"tool {name!r} (it takes ADK's tool_context, which tether does not make)"
+    return None
+
+
+def _plain_subclass(tool: Any) -> bool:
+    return type(tool).run_async is FunctionTool.run_async
+
+
+# ---------------------------------------------------------------------------- rows and events
+
+
+def _record(task: TaskView, agent: LlmAgent, answer: Sequence[Event], seconds: float,
+            unknown: list[types.Part]) -> None:
+    usage = {"prompt_tokens": 0, "completion_tokens": 0}
+    for event in answer:
+        meta = event.usage_metadata
+        if meta is not None:
+            usage["prompt_tokens"] += meta.prompt_token_count or 0
+            usage["completion_tokens"] += meta.candidates_token_count or 0
+    calls = any(event.get_function_calls() for event in answer)
+    messages = [event.model_dump(mode="json", exclude_none=True) for event in answer]
+    if unknown:
+        messages.append(_user_event(unknown).model_dump(mode="json", exclude_none=True))
+    model = agent.model if isinstance(agent.model, str) else getattr(agent.model, "model", "")
+    task.record_completion(str(model or type(agent.model).__name__), usage=usage,
+                           finish_reason="tool_calls" if calls else "stop", seconds=seconds,
+                           messages=messages)
+
+
+def _user_event(parts: list[types.Part]) -> Event:
+    return Event(author="user", invocation_id="", content=types.Content(role="user",
+                                                                         parts=parts))
+
+
+def _function_response(call_id: str | None, name: str, response: dict[str, Any]) -> types.Part:
+    return types.Part(function_response=types.FunctionResponse(id=call_id, name=name,
+                                                               response=response))
+
+
+def _answer(row: dialog.ResultRow) -> dict[str, Any]:
+    """A call's answer in the dialog as the function response the model reads."""
+    if row.error is not None:
+        return {"error": row.error}
+    if row.not_run:
+        return {"error": _text(row.content) or "not run"}
+    if row.skipped:
+        return {"error": _text(row.content) or "skipped: a person decided this call is not made"}
+    return _response(row.content)
+
+
+def _response(value: Any) -> dict[str, Any]:
+    """A tool's value as ADK answers the model with it."""
+    return dict(value) if isinstance(value, Mapping) else {"result": value}
+
+
+def _parts(event: Event) -> list[types.Part]:
+    return list(event.content.parts or []) if event.content is not None else []
+
+
+def _final_text(answer: Sequence[Event]) -> str:
+    return "".join(p.text for p in _parts(answer[-1]) if p.text and not p.thought)
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else "" if value is None else str(value)

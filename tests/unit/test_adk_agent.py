@@ -1,0 +1,101 @@
+"""ADKAgent (issue 31): what tether cannot run yet is refused when the agent is made, by name
+(R17: nothing silently skipped), and a model that calls a tool its agent lacks is told so and
+asked again, as ADK tells it. The rest of the contract is the model-agent conformance suite's
+(``tests/acceptance/..._agent_conformance.py``, ``tests/chaos/..._agent_conformance.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("google.adk")
+
+from google.adk.agents import LlmAgent
+from google.adk.models.base_llm import BaseLlm
+from google.adk.models.llm_request import LlmRequest
+from google.adk.models.llm_response import LlmResponse
+from google.adk.tools import ToolContext
+from google.adk.tools.function_tool import FunctionTool
+from google.genai import types
+
+import tether as tt
+from tether.errors import ConfigurationError
+from tether.integrations.adk import ADKAgent
+
+
+class Scripted(BaseLlm):
+    """Answers from a script, one answer per request; keeps what each request sent."""
+
+    model: str = "scripted"
+    script: list[list[types.Part]] = []
+    asked: list[LlmRequest] = []
+
+    async def generate_content_async(self, llm_request: LlmRequest, stream: bool = False
+                                     ) -> AsyncGenerator[LlmResponse, None]:
+        self.asked.append(llm_request)
+        yield LlmResponse(content=types.Content(role="model",
+                                                parts=self.script[len(self.asked) - 1]),
+                          turn_complete=True)
+
+
+def lookup(order: str) -> dict[str, Any]:
+    """Look an order up."""
+    return {"order": order, "paid": 40}
+
+
+def with_context(order: str, tool_context: ToolContext) -> str:
+    """Uses ADK's context."""
+    return order
+
+
+def made(**agent: Any) -> ADKAgent:
+    return ADKAgent(LlmAgent(name="shop", model=Scripted(), **agent))
+
+
+@pytest.mark.parametrize(("agent", "named"), [
+    ({"sub_agents": [LlmAgent(name="helper", model=Scripted())]}, "sub-agents helper"),
+    ({"tools": [with_context]}, "tool 'with_context' (it takes ADK's tool_context"),
+    ({"tools": [FunctionTool(lookup, require_confirmation=True)]},
+     "tool 'lookup' (ADK's require_confirmation"),
+    ({"tools": [lookup], "before_tool_callback": lambda **kw: None},
+     "the agent's before_tool_callback"),
+], ids=["sub_agents", "tool_context", "confirmation", "tool_callback"])
+def test_r17_what_is_not_mapped_yet_is_refused_by_name(agent: dict[str, Any],
+                                                       named: str) -> None:
+    with pytest.raises(ConfigurationError, match="does not run yet") as refused:
+        made(**agent)
+    assert named in str(refused.value)
+
+
+def test_r17_a_policy_for_a_tool_the_agent_lacks_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="refund"):
+        ADKAgent(LlmAgent(name="shop", model=Scripted(), tools=[lookup]),
+                 tools={"refund": tt.ToolPolicy(side_effect=True)})
+
+
+async def test_r22_a_call_of_a_tool_the_agent_lacks_is_answered_and_the_model_asked_again(
+        tmp_path: Path) -> None:
+    model = Scripted(script=[
+        [types.Part(function_call=types.FunctionCall(id="c1", name="refund", args={}))],
+        [types.Part(function_call=types.FunctionCall(id="c2", name="lookup",
+                                                     args={"order": "A1"}))],
+        [types.Part(text="A1 was paid 40.")]])
+    h = tt.Harness(f"sqlite:///{tmp_path / 't.db'}")
+    h.add_agent("support", ADKAgent(LlmAgent(name="shop", model=model, tools=[lookup])))
+    async with h:
+        task = await h.submit("support", "What was paid on A1?")
+        await h.run_until_idle(timeout=30)
+        info = await h.get(task)
+    assert info.record.status is tt.Status.COMPLETED, info.record.reason
+    assert info.snapshot.result == "A1 was paid 40."
+    told = [p.function_response for c in model.asked[1].contents for p in c.parts or []
+            if p.function_response is not None]
+    assert [(r.id, r.response) for r in told] == [
+        ("c1", {"error": "Tool refund not found in agent shop."})]
+    answered = [p.function_response for c in model.asked[2].contents for p in c.parts or []
+                if p.function_response is not None]
+    assert answered[-1].id == "c2" and answered[-1].response == {"order": "A1", "paid": 40}
+    assert info.snapshot.usage["completions"] == 3
