@@ -44,7 +44,8 @@ from google.adk.models.base_llm import BaseLlm
 from google.adk.models.llm_request import LlmRequest
 from google.adk.models.llm_response import LlmResponse
 from google.adk.runners import Runner
-from google.adk.sessions import InMemorySessionService, Session
+from google.adk.sessions import BaseSessionService, Session
+from google.adk.sessions.base_session_service import GetSessionConfig, ListSessionsResponse
 from google.adk.tools.function_tool import FunctionTool
 from google.adk.tools.long_running_tool import LongRunningFunctionTool
 from google.genai import types
@@ -93,7 +94,7 @@ class ADKAgent(ModelAgent):
         self.reconcilers = {name: _reconciler(name, self.tools[name], policy.reconcile)
                             for name, policy in self.policies.items()
                             if policy.reconcile is not None}
-        self.sessions = InMemorySessionService()
+        self.sessions = KeptSessions()
         self.runner = Runner(app_name=APP, agent=self.agent, session_service=self.sessions)
 
     # ------------------------------------------------------------------ registration
@@ -197,8 +198,7 @@ class ADKAgent(ModelAgent):
     def forget(self, decoded: Any) -> None:
         """A conversation dropped (decoded again, or the oldest kept): its session goes."""
         if isinstance(decoded, Conversation) and decoded.live is not None:
-            self.sessions.delete_session_sync(app_name=APP, user_id=USER,
-                                              session_id=decoded.live.id)
+            self.sessions.drop(decoded.live.id)
             decoded.live = None
 
 
@@ -222,6 +222,41 @@ class Watched(BaseLlm):
                     said.extend(p.text for p in answer.content.parts or []
                                 if p.text and not p.thought)
                 yield answer
+
+
+class KeptSessions(BaseSessionService):
+    """The sessions of an agent's running tasks, in this process, handed to ADK as they are.
+
+    ADK's in-memory service copies the whole session each time the Runner asks for it, so
+    each answer of a long conversation cost a copy of all of it; a task's session here has
+    one reader, the plan that runs it, and is handed over without a copy. Rows, not this,
+    are what lasts: a session is made again from the task's dialog after a load."""
+
+    def __init__(self) -> None:
+        self.kept: dict[str, Session] = {}
+
+    async def create_session(self, *, app_name: str, user_id: str,
+                             state: dict[str, Any] | None = None,
+                             session_id: str | None = None) -> Session:
+        session_id = session_id or f"{APP}:{next(_sessions)}"
+        made = Session(id=session_id, app_name=app_name, user_id=user_id,
+                       state=dict(state or {}), last_update_time=0.0)
+        self.kept[session_id] = made
+        return made
+
+    async def get_session(self, *, app_name: str, user_id: str, session_id: str,
+                          config: GetSessionConfig | None = None) -> Session | None:
+        return self.kept.get(session_id)
+
+    async def list_sessions(self, *, app_name: str, user_id: str | None = None
+                            ) -> ListSessionsResponse:
+        return ListSessionsResponse(sessions=list(self.kept.values()))
+
+    async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
+        self.drop(session_id)
+
+    def drop(self, session_id: str) -> None:
+        self.kept.pop(session_id, None)
 
 
 # ---------------------------------------------------------------------------- the conversation
@@ -304,7 +339,7 @@ class Conversation:
             self.events.append(_user_event(parts))
         self.responses, self.said = [], []
 
-    async def session(self, sessions: InMemorySessionService, task_id: str) -> Session:
+    async def session(self, sessions: KeptSessions, task_id: str) -> Session:
         """The live session, made again from the events when it may not mirror them."""
         if self.live is not None and not self.dirty:
             return self.live
@@ -317,7 +352,7 @@ class Conversation:
         self.live, self.dirty = session, False
         return session
 
-    async def message(self, sessions: InMemorySessionService, session: Session
+    async def message(self, sessions: KeptSessions, session: Session
                       ) -> types.Content:
         """What the next request sends. ADK takes answers to calls or words as a new
         message, not both: answers followed by words go into the session first."""
