@@ -58,8 +58,8 @@ def made(**agent: Any) -> ADKAgent:
 @pytest.mark.parametrize(("agent", "named"), [
     ({"sub_agents": [LlmAgent(name="helper", model=Scripted())]}, "sub-agents helper"),
     ({"tools": [with_context]}, "tool 'with_context' (it takes ADK's tool_context"),
-    ({"tools": [FunctionTool(lookup, require_confirmation=True)]},
-     "tool 'lookup' (ADK's require_confirmation"),
+    ({"tools": [FunctionTool(lookup, require_confirmation=lambda order: order == "A1")]},
+     "tool 'lookup' (a require_confirmation that decides per call"),
     ({"tools": [lookup], "before_tool_callback": lambda **kw: None},
      "the agent's before_tool_callback"),
 ], ids=["sub_agents", "tool_context", "confirmation", "tool_callback"])

@@ -22,10 +22,13 @@ a time and owns everything around it:
 
 The task's ADK session is kept in this process between plans and rebuilt from the task's
 dialog rows after a load, a rollback or a fork (each model answer is kept in its dialog row as
-ADK's own event). What is not mapped yet is refused when the agent is made, by name: sub-agents
-(agent transfer), tools other than plain functions (toolsets, agent tools, built-in tools,
-long-running tools), tools that take ADK's ``tool_context`` or need ADK's confirmation, and
-the agent's own tool callbacks (tether runs the tools, so they would never be called).
+ADK's own event). A tool made with ``require_confirmation=True`` waits for a person first (a
+tether ``approval`` wait, answered from the console, the CLI, the API or a webhook; denied,
+the model is told "This tool call is rejected." with the person's reason). What is not mapped
+yet is refused when the agent is made, by name: sub-agents (agent transfer), tools other than
+plain functions (toolsets, agent tools, built-in tools, long-running tools), tools that take
+ADK's ``tool_context``, a ``require_confirmation`` that decides per call, and the agent's own
+tool callbacks (tether runs the tools, so they would never be called).
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from google.genai import types
 
 from tether import dialog
 from tether.agent import DialogPosition, TaskView
-from tether.agents.base import ModelAgent, hook_takes_call
+from tether.agents.base import PENDING, ModelAgent, approval_wait, hook_takes_call
 from tether.agents.model_calls import ModelError, RetryPolicy
 from tether.errors import ConfigurationError
 from tether.model import Action, Finish, ToolCall
@@ -85,8 +88,11 @@ class ADKAgent(ModelAgent):
 
     def __init__(self, agent: LlmAgent, *, tools: Mapping[str, ToolPolicy] | None = None,
                  stream: bool | None = None, retry: RetryPolicy | None = None,
-                 version: str = "1") -> None:
+                 approval_timeout: float | None = None, version: str = "1") -> None:
         super().__init__(retry=retry, stream=stream, version=version)
+        self.approval_timeout = approval_timeout
+        """How long a call of a ``require_confirmation`` tool waits for a person (None: until
+        one answers); no answer in time is a denial."""
         self.tools = _function_tools(agent)
         self.agent = agent.clone(update={"model": Watched(model=agent.canonical_model.model,
                                                           inner=agent.canonical_model)})
@@ -104,7 +110,11 @@ class ADKAgent(ModelAgent):
         return [self._tool(name) for name in self.tools]
 
     def _tool(self, name: str) -> Tool:
-        async def run(ctx: ToolContext, call_id: str, args: dict[str, Any]) -> dict[str, Any]:
+        async def run(ctx: ToolContext, call_id: str, args: dict[str, Any],
+                      approval: dict[str, Any] | None = None) -> dict[str, Any]:
+            if approval is not None and not approval.get("approved"):
+                return {"error": "This tool call is rejected."
+                        + (f" {approval['reason']}" if approval.get("reason") else "")}
             return await self._run_tool(ctx, name, args)
 
         run.__doc__ = f"ADK tool {name}, run through tether."
@@ -187,9 +197,13 @@ class ADKAgent(ModelAgent):
         actions: list[Action] = []
         unknown: list[types.Part] = []
         for call in (c for event in answer for c in event.get_function_calls()):
-            if call.name in self.tools:
-                actions.append(ToolCall(f"{self.name}.{call.name}",
-                                        {"call_id": call.id, "args": dict(call.args or {})}))
+            tool = self.tools.get(str(call.name))
+            if tool is not None:
+                args: dict[str, Any] = {"call_id": call.id, "args": dict(call.args or {})}
+                if _confirmed(tool):  # a person approves it first (ADK's confirmation)
+                    actions.append(approval_wait(self.approval_timeout))
+                    args["approval"] = PENDING
+                actions.append(ToolCall(f"{self.name}.{call.name}", args))
             else:
                 unknown.append(_function_response(call.id, str(call.name), {
                     "error": f"Tool {call.name} not found in agent {self.agent.name}."}))
@@ -395,7 +409,8 @@ def _reconciler(name: str, tool: FunctionTool, hook: ReconcileFn) -> ReconcileFn
     takes_call, properties = hook_takes_call(
         name, hook, _schema(tool.func), CALL, "async def hook(ctx, call_id: str, args: dict)")
 
-    async def reconcile(ctx: ToolContext, call_id: str, args: dict[str, Any]) -> Any:
+    async def reconcile(ctx: ToolContext, call_id: str, args: dict[str, Any],
+                        approval: dict[str, Any] | None = None) -> Any:
         if takes_call:
             found = await hook(ctx, call_id=call_id, args=args)
         else:
@@ -447,11 +462,16 @@ def _unmapped(tool: Any) -> str | None:
     if not isinstance(tool, FunctionTool) or isinstance(tool, LongRunningFunctionTool) \
             or (type(tool) is not FunctionTool and not _plain_subclass(tool)):
         return f"tool {name!r} ({type(tool).__name__}: only plain function tools are run)"
-    if getattr(tool, "_require_confirmation", False):
-        return f"tool {name!r} (ADK's require_confirmation is not mapped yet)"
+    if callable(getattr(tool, "_require_confirmation", False)):
+        return f"tool {name!r} (a require_confirmation that decides per call is not mapped yet)"
     if "tool_context" in inspect.signature(tool.func).parameters:
         return f"tool {name!r} (it takes ADK's tool_context, which tether does not make)"
     return None
+
+
+def _confirmed(tool: FunctionTool) -> bool:
+    """Whether ADK asks a person before each call of *tool* (``require_confirmation=True``)."""
+    return getattr(tool, "_require_confirmation", False) is True
 
 
 def _plain_subclass(tool: Any) -> bool:

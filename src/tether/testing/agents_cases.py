@@ -231,10 +231,12 @@ LANGGRAPH = AdapterCase(
 
 
 def build_adk(h: tt.Harness, shop: Shop, endpoint: Endpoint) -> None:
-    """An ADK ``LlmAgent`` with two plain function tools, its model asking the fake through
+    """An ADK ``LlmAgent`` with two plain function tools (the refund made with ADK's
+    ``require_confirmation`` when it needs approval), its model asking the fake through
     the ``openai`` client (:class:`tether.integrations.adk_openai.OpenAIChatLlm`: a server that
     cannot stream is asked plainly, as a model that cannot stream answers)."""
     from google.adk.agents import LlmAgent
+    from google.adk.tools.function_tool import FunctionTool
 
     from tether.integrations.adk import ADKAgent
     from tether.integrations.adk_openai import OpenAIChatLlm
@@ -249,7 +251,8 @@ def build_adk(h: tt.Harness, shop: Shop, endpoint: Endpoint) -> None:
 
     model = OpenAIChatLlm(model="fake-model", client=endpoint.openai_client(),
                           streams=endpoint.can_stream)
-    agent = LlmAgent(name=AGENT, model=model, tools=[lookup, refund])
+    agent = LlmAgent(name=AGENT, model=model, tools=[
+        lookup, FunctionTool(refund, require_confirmation=shop.needs_approval)])
     h.add_agent(AGENT, ADKAgent(agent, tools={
         "lookup": tt.ToolPolicy(idempotent=True),
         "refund": tt.ToolPolicy(side_effect=True,
@@ -257,9 +260,7 @@ def build_adk(h: tt.Harness, shop: Shop, endpoint: Endpoint) -> None:
 
 
 ADK = AdapterCase(
-    "adk", build_adk, preload=("tether.integrations.adk", "tether.integrations.adk_openai"),
-    not_applicable={"approvals": "ADKAgent refuses ADK's require_confirmation tools when it"
-                                 " is made (not mapped yet; guide section on ADK)"})
+    "adk", build_adk, preload=("tether.integrations.adk", "tether.integrations.adk_openai"))
 
 TETHER_CASES = (CHAT, PYDANTIC_AI, OPENAI_AGENTS, LANGCHAIN, LANGGRAPH, ADK)
 """Every model adapter tether ships, for ``pytest.mark.parametrize``."""
