@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("google.adk")
 
-from google.adk.agents import LlmAgent
+from google.adk.agents import LlmAgent, SequentialAgent
 from google.adk.models.base_llm import BaseLlm
 from google.adk.models.llm_request import LlmRequest
 from google.adk.models.llm_response import LlmResponse
@@ -46,6 +46,14 @@ def lookup(order: str) -> dict[str, Any]:
     return {"order": order, "paid": 40}
 
 
+def other_lookup(order: str) -> str:
+    """Another agent's tool of the same name."""
+    return order
+
+
+other_lookup.__name__ = "lookup"
+
+
 def with_context(order: str, tool_context: ToolContext) -> str:
     """Uses ADK's context."""
     return order
@@ -55,14 +63,18 @@ def made(**agent: Any) -> ADKAgent:
     return ADKAgent(LlmAgent(name="shop", model=Scripted(), **agent))
 
 
+@pytest.mark.filterwarnings("ignore:SequentialAgent is deprecated:DeprecationWarning")
 @pytest.mark.parametrize(("agent", "named"), [
-    ({"sub_agents": [LlmAgent(name="helper", model=Scripted())]}, "sub-agents helper"),
+    ({"sub_agents": [SequentialAgent(name="steps")]}, "sub-agent 'steps' (SequentialAgent"),
+    ({"tools": [lookup], "sub_agents": [LlmAgent(name="helper", model=Scripted(),
+                                                 tools=[FunctionTool(other_lookup)])]},
+     "two tools named 'lookup'"),
     ({"tools": [with_context]}, "tool 'with_context' (it takes ADK's tool_context"),
     ({"tools": [FunctionTool(lookup, require_confirmation=lambda order: order == "A1")]},
      "tool 'lookup' (a require_confirmation that decides per call"),
     ({"tools": [lookup], "before_tool_callback": lambda **kw: None},
-     "the agent's before_tool_callback"),
-], ids=["sub_agents", "tool_context", "confirmation", "tool_callback"])
+     "the before_tool_callback of agent 'shop'"),
+], ids=["workflow_agent", "clash", "tool_context", "confirmation", "tool_callback"])
 def test_r17_what_is_not_mapped_yet_is_refused_by_name(agent: dict[str, Any],
                                                        named: str) -> None:
     with pytest.raises(ConfigurationError, match="does not run yet") as refused:
@@ -99,3 +111,54 @@ async def test_r22_a_call_of_a_tool_the_agent_lacks_is_answered_and_the_model_as
                 if p.function_response is not None]
     assert answered[-1].id == "c2" and answered[-1].response == {"order": "A1", "paid": 40}
     assert info.snapshot.usage["completions"] == 3
+
+
+def transfer(to: str) -> types.Part:
+    return types.Part(function_call=types.FunctionCall(id="t1", name="transfer_to_agent",
+                                                       args={"agent_name": to}))
+
+
+def support(db: Path, root: Scripted, billing: Scripted, paid: list[str]) -> tt.Harness:
+    """A root agent that hands refunds to its sub-agent ``billing``, whose refund needs a
+    person's confirmation (ADK's ``require_confirmation``)."""
+    async def refund(order: str) -> str:
+        """Refund an order."""
+        paid.append(order)
+        return f"refunded {order}"
+
+    sub = LlmAgent(name="billing", model=billing, description="Refunds orders.",
+                   tools=[FunctionTool(refund, require_confirmation=True)])
+    h = tt.Harness(f"sqlite:///{db}")
+    h.add_agent("support", ADKAgent(LlmAgent(name="root", model=root, sub_agents=[sub]),
+                                    tools={"refund": tt.ToolPolicy(side_effect=True)}))
+    return h
+
+
+async def test_r09_r16_a_transfer_to_a_sub_agent_survives_a_restart_and_the_approval_there(
+        tmp_path: Path) -> None:
+    """ADK carries out the transfer inside the plan; the sub-agent's answer is committed with
+    it. A new harness (a restarted worker, its ADK session made again from the dialog)
+    takes the person's approval: the conversation is still the sub-agent's, the refund is
+    paid once, and no model is asked again for an answer already committed."""
+    root = Scripted(script=[[transfer("billing")]])
+    billing = Scripted(script=[
+        [types.Part(function_call=types.FunctionCall(id="r1", name="refund",
+                                                     args={"order": "A1"}))],
+        [types.Part(text="Refunded A1.")]])
+    paid: list[str] = []
+    async with support(tmp_path / "t.db", root, billing, paid) as h:
+        task = await h.submit("support", "Refund A1, it arrived broken.")
+        await h.run_until_idle(timeout=30)
+        info = await h.get(task)
+        assert info.record.status is tt.Status.WAITING, info.record.reason
+        assert (len(root.asked), len(billing.asked), paid) == (1, 1, [])
+    async with support(tmp_path / "t.db", root, billing, paid) as h:
+        await h.emit(tt.Event("approval", task, True))
+        await h.run_until_idle(timeout=30)
+        info = await h.get(task)
+    assert info.record.status is tt.Status.COMPLETED, info.record.reason
+    assert info.snapshot.result == "Refunded A1." and paid == ["A1"]
+    assert (len(root.asked), len(billing.asked)) == (1, 2)
+    [answer] = [p.function_response for c in billing.asked[1].contents for p in c.parts or []
+                if p.function_response is not None and p.function_response.name == "refund"]
+    assert answer.id == "r1" and answer.response == {"result": "refunded A1"}

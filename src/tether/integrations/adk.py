@@ -1,4 +1,4 @@
-"""Google ADK agents under tether (issue 31): ``ADKAgent(llm_agent)`` in one line (R1, R3, R10,
+r"""Google ADK agents under tether (issue 31): ``ADKAgent(llm_agent)`` in one line (R1, R3, R10,
 R12, R17, E1).
 
 ADK's own ``Runner`` makes every model request, with the agent's model, instructions,
@@ -24,11 +24,16 @@ The task's ADK session is kept in this process between plans and rebuilt from th
 dialog rows after a load, a rollback or a fork (each model answer is kept in its dialog row as
 ADK's own event). A tool made with ``require_confirmation=True`` waits for a person first (a
 tether ``approval`` wait, answered from the console, the CLI, the API or a webhook; denied,
-the model is told "This tool call is rejected." with the person's reason). What is not mapped
-yet is refused when the agent is made, by name: sub-agents (agent transfer), tools other than
-plain functions (toolsets, agent tools, built-in tools, long-running tools), tools that take
-ADK's ``tool_context``, a ``require_confirmation`` that decides per call, and the agent's own
-tool callbacks (tether runs the tools, so they would never be called).
+the model is told "This tool call is rejected." with the person's reason). Sub-agents
+(``LlmAgent``\ s) are reached as ADK reaches them: an answer that only transfers the
+conversation (ADK's ``transfer_to_agent``, no side effect) is carried out by ADK inside the
+plan, which goes on to the next agent's answer; the two are committed together, so a worker
+killed while the second is asked for asks for both again. What is not mapped yet is refused
+when the agent is made, by name: workflow sub-agents (sequential, parallel, loop), tools other
+than plain functions (toolsets, agent tools, built-in tools, long-running tools), two tools of
+one name in different agents, tools that take ADK's ``tool_context``, a
+``require_confirmation`` that decides per call, and tool callbacks (tether runs the tools, so
+they would never be called).
 """
 
 from __future__ import annotations
@@ -71,6 +76,8 @@ fails (each is answered, as ADK answers a call of an unknown tool)."""
 NOT_MADE = "this call was not made (its answer was dropped)"
 GO_ON = "Go on."
 """Sent when a request has nothing new to say (the answer before it was cut off)."""
+TRANSFER = "transfer_to_agent"
+"""ADK's own tool for moving the conversation to a sub-agent (or back to a parent)."""
 TOOL_CALLBACKS = ("before_tool_callback", "after_tool_callback", "on_tool_error_callback")
 _sessions = itertools.count(1)
 _streamed: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
@@ -185,7 +192,7 @@ class ADKAgent(ModelAgent):
                 if event.author == "user":
                     continue
                 answer.append(event)
-                if event.get_function_calls() or event.is_final_response():
+                if _ours(event) or event.is_final_response():
                     break  # saved, and no tool of it started: tether runs them
         if not answer:
             raise ModelError(f"agent {self.name}: ADK ended the turn without a model answer")
@@ -196,7 +203,7 @@ class ADKAgent(ModelAgent):
         agent does not have."""
         actions: list[Action] = []
         unknown: list[types.Part] = []
-        for call in (c for event in answer for c in event.get_function_calls()):
+        for call in answer[-1].get_function_calls():
             tool = self.tools.get(str(call.name))
             if tool is not None:
                 args: dict[str, Any] = {"call_id": call.id, "args": dict(call.args or {})}
@@ -336,8 +343,11 @@ class Conversation:
         self.dirty = True
 
     def _opened(self, event: Event) -> None:
+        """The calls *event* makes are open; those it answers (ADK's transfer) are not."""
         for call in event.get_function_calls():
             self.open[str(call.id)] = str(call.name)
+        for response in event.get_function_responses():
+            self.open.pop(str(response.id), None)
 
     def _pending(self) -> list[types.Part]:
         """The answers to send: every call of the last answer answered, one never made (its
@@ -432,29 +442,45 @@ def _schema(func: Callable[..., Any]) -> dict[str, Any]:
 
 
 def _function_tools(agent: LlmAgent) -> dict[str, FunctionTool]:
-    """The agent's function tools by name; what tether cannot run yet is refused by name."""
+    """The function tools of the agent and of its sub-agents, by name; what tether cannot run
+    yet is refused by name."""
     if not isinstance(agent, LlmAgent):
         raise ConfigurationError(f"ADKAgent takes an ADK LlmAgent, not {type(agent).__name__}")
-    refusals = []
-    if agent.sub_agents:
-        refusals.append(f"sub-agents {', '.join(a.name for a in agent.sub_agents)} (agent"
-                        " transfer is not mapped yet)")
-    refusals += [f"the agent's {name} (tether runs the tools, so it would never be called)"
-                 for name in TOOL_CALLBACKS if getattr(agent, name, None)]
+    refusals: list[str] = []
     tools: dict[str, FunctionTool] = {}
-    for item in agent.tools:
-        tool = FunctionTool(item) if callable(item) and not isinstance(item, FunctionTool) \
-            else item
-        why = _unmapped(tool)
-        if why:
-            refusals.append(why)
-        else:
-            assert isinstance(tool, FunctionTool)
-            tools[tool.name] = tool
+    for one in _tree(agent, refusals):
+        refusals += [f"the {name} of agent {one.name!r} (tether runs the tools, so it would"
+                     " never be called)" for name in TOOL_CALLBACKS if getattr(one, name, None)]
+        for item in one.tools:
+            tool = FunctionTool(item) if callable(item) and not isinstance(item, FunctionTool) \
+                else item
+            why = _unmapped(tool) or _clash(tool, tools)
+            if why:
+                refusals.append(why)
+            elif isinstance(tool, FunctionTool):
+                tools[tool.name] = tool
     if refusals:
         raise ConfigurationError(f"ADK agent {agent.name!r} uses what tether does not run yet: "
                                  + "; ".join(refusals))
     return tools
+
+
+def _tree(agent: LlmAgent, refusals: list[str]) -> list[LlmAgent]:
+    """The agent and the LlmAgents it can transfer to; any other kind is refused."""
+    found = [agent]
+    for sub in agent.sub_agents:
+        if isinstance(sub, LlmAgent):
+            found += _tree(sub, refusals)
+        else:
+            refusals.append(f"sub-agent {sub.name!r} ({type(sub).__name__}: only LlmAgents)")
+    return found
+
+
+def _clash(tool: Any, tools: Mapping[str, FunctionTool]) -> str | None:
+    known = tools.get(tool.name)
+    if known is None or known.func is tool.func:
+        return None
+    return f"two tools named {tool.name!r} (in different agents: tether names calls by tool)"
 
 
 def _unmapped(tool: Any) -> str | None:
@@ -467,6 +493,13 @@ def _unmapped(tool: Any) -> str | None:
     if "tool_context" in inspect.signature(tool.func).parameters:
         return f"tool {name!r} (it takes ADK's tool_context, which tether does not make)"
     return None
+
+
+def _ours(event: Event) -> bool:
+    """Whether *event* is a model answer whose calls tether runs: ADK carries out an answer
+    that only transfers the conversation to another agent (no side effect), and the plan
+    goes on to that agent's answer."""
+    return any(call.name != TRANSFER for call in event.get_function_calls())
 
 
 def _confirmed(tool: FunctionTool) -> bool:
