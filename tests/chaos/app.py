@@ -428,10 +428,9 @@ def break_guard(name: str) -> None:
     elif name == "fence":
         from tether.store.sqlite import SQLiteStore
 
-        def unfenced(self: Any, db: sqlite3.Connection, claim: Any) -> tuple[Any, ...]:
-            row = db.execute("SELECT head_version, status, wake_at, lease_until FROM tasks"
-                             " WHERE task_id = ?", (claim.task_id,)).fetchone()
-            return tuple(row)
+        def unfenced(self: Any, db: sqlite3.Connection, claim: Any,
+                     read: str = "SELECT * FROM tasks WHERE task_id = ?") -> Any:
+            return db.execute(read, (claim.task_id,)).fetchone()  # the row, fence unchecked
 
         SQLiteStore._check_fence = unfenced  # type: ignore[method-assign]
     elif name == "resume_point":
