@@ -194,7 +194,7 @@ class ADKAgent(ModelAgent):
                 answer.append(event)
                 if _ours(event) or event.is_final_response():
                     break  # saved, and no tool of it started: tether runs them
-        if not answer:
+        if not answer or not (_ours(answer[-1]) or answer[-1].is_final_response()):
             raise ModelError(f"agent {self.name}: ADK ended the turn without a model answer")
         return answer
 
