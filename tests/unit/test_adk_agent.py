@@ -164,3 +164,32 @@ async def test_r09_r16_a_transfer_to_a_sub_agent_survives_a_restart_and_the_appr
     [answer] = [p.function_response for c in billing.asked[1].contents for p in c.parts or []
                 if p.function_response is not None and p.function_response.name == "refund"]
     assert answer.id == "r1" and answer.response == {"result": "refunded A1"}
+
+
+async def test_r22_a_call_missing_an_argument_is_told_and_nothing_runs(tmp_path: Path) -> None:
+    """As ADK answers it: a call without a mandatory argument runs nothing, and the model is
+    told which are missing; an argument the tool does not take is left out."""
+    model = Scripted(script=[
+        [types.Part(function_call=types.FunctionCall(id="c1", name="lookup", args={}))],
+        [types.Part(function_call=types.FunctionCall(
+            id="c2", name="lookup", args={"order": "A1", "verbose": True}))],
+        [types.Part(text="A1 was paid 40.")]])
+    looked: list[str] = []
+
+    def lookup(order: str) -> dict[str, Any]:
+        """Look an order up."""
+        looked.append(order)
+        return {"order": order, "paid": 40}
+
+    h = tt.Harness(f"sqlite:///{tmp_path / 't.db'}")
+    h.add_agent("support", ADKAgent(LlmAgent(name="shop", model=model, tools=[lookup])))
+    async with h:
+        task = await h.submit("support", "What was paid on A1?")
+        await h.run_until_idle(timeout=30)
+        info = await h.get(task)
+    assert info.record.status is tt.Status.COMPLETED, info.record.reason
+    assert looked == ["A1"]
+    [told] = [p.function_response for c in model.asked[1].contents for p in c.parts or []
+              if p.function_response is not None]
+    assert told.response == {"error": "Invoking `lookup()` failed as the following mandatory"
+                                      " input parameters are not present: order"}

@@ -133,11 +133,17 @@ class ADKAgent(ModelAgent):
         """The tool's function on the model's arguments; its value as ADK answers the model
         with it (a dict as it is, anything else as ``{"result": value}``)."""
         func = self.tools[name].func
+        schema = _schema(func)
+        missing = [n for n in schema["required"] if n not in args]
+        if missing:  # as ADK answers it: the model is told, nothing runs
+            return {"error": f"Invoking `{name}()` failed as the following mandatory input"
+                             f" parameters are not present: {', '.join(missing)}"}
+        given = {k: v for k, v in args.items() if k in schema["properties"]}
         with running(ctx):
             if inspect.iscoroutinefunction(func):
-                value = await func(**args)
+                value = await func(**given)
             else:  # a plain function runs in a thread, never cut (a sync tool in tether)
-                value = await asyncio.to_thread(func, **args)
+                value = await asyncio.to_thread(func, **given)
         return _response(value)
 
     # ------------------------------------------------------------------ planning
