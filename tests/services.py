@@ -18,13 +18,17 @@ import pytest
 PG_ADMIN_URL = os.environ.get("TETHER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
 
+PG_FIX = "start it, or set TETHER_TEST_PG"
+
+
 def required() -> bool:
     return os.environ.get("CI") == "true" or os.environ.get("TETHER_REQUIRE_SERVICES") == "1"
 
 
-def unavailable(what: str, why: object) -> None:
-    """Skip (locally) or fail (CI) a test whose server cannot be reached."""
-    message = f"{what} not reachable ({why}); start it, or set TETHER_TEST_PG"
+def unavailable(what: str, why: object, fix: str = "install or start it") -> None:
+    """Skip (locally) or fail (CI) a test whose server or program cannot be reached; *fix*
+    says what makes it reachable."""
+    message = f"{what} not reachable ({why}); {fix}"
     if required():
         pytest.fail(f"{message}. Under CI the service tests are required.", pytrace=False)
     pytest.skip(message)
@@ -41,7 +45,7 @@ def create_database() -> str:
         with psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=3) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
     except psycopg.OperationalError as exc:
-        unavailable(f"PostgreSQL at {PG_ADMIN_URL}", exc)
+        unavailable(f"PostgreSQL at {PG_ADMIN_URL}", exc, PG_FIX)
     base, _, _ = PG_ADMIN_URL.rpartition("/")
     return f"{base}/{name}"
 
@@ -78,7 +82,7 @@ def redis_url() -> str:
     try:
         redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
     except redis.RedisError as exc:
-        unavailable(f"Redis at {REDIS_URL}", exc)
+        unavailable(f"Redis at {REDIS_URL}", exc, "start it, or set TETHER_TEST_REDIS")
     return REDIS_URL
 
 

@@ -143,7 +143,7 @@ def _postgres_server() -> str:
     try:
         psycopg.connect(services.PG_ADMIN_URL, connect_timeout=3).close()
     except psycopg.OperationalError as exc:
-        services.unavailable(f"PostgreSQL at {services.PG_ADMIN_URL}", exc)
+        services.unavailable(f"PostgreSQL at {services.PG_ADMIN_URL}", exc, services.PG_FIX)
     return services.PG_ADMIN_URL
 
 
