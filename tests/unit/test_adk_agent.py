@@ -5,11 +5,13 @@ asked again, as ADK tells it. The rest of the contract is the model-agent confor
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel, ConfigDict
 
 pytest.importorskip("google.adk")
 
@@ -161,6 +163,7 @@ async def test_r09_r16_a_transfer_to_a_sub_agent_survives_a_restart_and_the_appr
     assert info.record.status is tt.Status.COMPLETED, info.record.reason
     assert info.snapshot.result == "Refunded A1." and paid == ["A1"]
     assert (len(root.asked), len(billing.asked)) == (1, 2)
+    assert info.snapshot.usage["completions"] == 3  # one per model turn, the transfer's too
     [answer] = [p.function_response for c in billing.asked[1].contents for p in c.parts or []
                 if p.function_response is not None and p.function_response.name == "refund"]
     assert answer.id == "r1" and answer.response == {"result": "refunded A1"}
@@ -193,3 +196,209 @@ async def test_r22_a_call_missing_an_argument_is_told_and_nothing_runs(tmp_path:
               if p.function_response is not None]
     assert told.response == {"error": "Invoking `lookup()` failed as the following mandatory"
                                       " input parameters are not present: order"}
+
+
+def parts_of(request: LlmRequest) -> list[tuple[str, Any]]:
+    """What a request held, in order: each call's and answer's id, each text."""
+    found: list[tuple[str, Any]] = []
+    for content in request.contents:
+        for part in content.parts or []:
+            if part.function_call is not None:
+                found.append(("call", part.function_call.id))
+            elif part.function_response is not None:
+                found.append(("answer", part.function_response.response))
+            elif part.text:
+                found.append(("text", part.text))
+    return found
+
+
+async def test_r17_a_sub_agent_calls_only_its_own_tools(tmp_path: Path) -> None:
+    """As in ADK: after a transfer, the sub-agent's model calling a tool only the root agent
+    has is told the tool is not found in *its* agent, and nothing runs."""
+    wiped: list[str] = []
+
+    def wipe(order: str) -> str:
+        """The root's tool, which billing does not have."""
+        wiped.append(order)
+        return "wiped"
+
+    root = Scripted(script=[[transfer("billing")]], asked=[])
+    billing = Scripted(script=[
+        [types.Part(function_call=types.FunctionCall(id="w1", name="wipe",
+                                                     args={"order": "A1"}))],
+        [types.Part(text="I cannot do that.")]], asked=[])
+    h = tt.Harness(f"sqlite:///{tmp_path / 't.db'}")
+    h.add_agent("support", ADKAgent(LlmAgent(
+        name="root", model=root, tools=[wipe],
+        sub_agents=[LlmAgent(name="billing", model=billing, description="Refunds.")])))
+    async with h:
+        task = await h.submit("support", "Wipe A1.")
+        await h.run_until_idle(timeout=30)
+        info = await h.get(task)
+    assert info.record.status is tt.Status.COMPLETED, info.record.reason
+    assert wiped == [] and info.snapshot.result == "I cannot do that."
+    assert ("answer", {"error": "Tool wipe not found in agent billing."}) in \
+        parts_of(billing.asked[1])
+
+
+async def test_r10_after_a_restart_the_transfer_is_answered_once(tmp_path: Path) -> None:
+    """The session rebuilt from the dialog holds ADK's own answer to the transfer (shown to
+    billing as the root's words), and no second one saying the call was never made."""
+    root = Scripted(script=[[transfer("billing")]], asked=[])
+    billing = Scripted(script=[
+        [types.Part(function_call=types.FunctionCall(id="r1", name="refund",
+                                                     args={"order": "A1"}))],
+        [types.Part(text="Refunded A1.")]], asked=[])
+    paid: list[str] = []
+    async with support(tmp_path / "t.db", root, billing, paid) as h:
+        task = await h.submit("support", "Refund A1, it arrived broken.")
+        await h.run_until_idle(timeout=30)
+    async with support(tmp_path / "t.db", root, billing, paid) as h:
+        await h.emit(tt.Event("approval", task, True))
+        await h.run_until_idle(timeout=30)
+    shown = [str(p) for p in parts_of(billing.asked[1])]
+    assert not any("not made" in p for p in shown), shown
+    assert sum("`transfer_to_agent` tool returned result" in p for p in shown) == 1, shown
+
+
+async def test_r08_an_unknown_tools_answer_is_in_the_conversation_once(tmp_path: Path) -> None:
+    """The answer to a call of a tool the agent lacks is recorded as it was sent: the live
+    session and one made again from the dialog hold it once, after its call."""
+    model = Scripted(script=[
+        [types.Part(function_call=types.FunctionCall(id="c1", name="refund", args={}))],
+        [types.Part(function_call=types.FunctionCall(id="c2", name="lookup",
+                                                     args={"order": "A1"}))],
+        [types.Part(text="A1 was paid 40.")]], asked=[])
+    agent = ADKAgent(LlmAgent(name="shop", model=model, tools=[lookup]))
+    h = tt.Harness(f"sqlite:///{tmp_path / 't.db'}")
+    h.add_agent("support", agent)
+    async with h:
+        await h.submit("support", "What was paid on A1?")
+        await h.run_until_idle(timeout=30)
+        [talk] = agent.dialogs.values()
+        assert talk.live is not None
+        live = [e.id for e in talk.live.events]
+        assert len(live) == len(set(live))
+        answers = [r.id for e in talk.live.events for r in e.get_function_responses()]
+        assert answers == ["c1", "c2"], answers
+    assert [p[0] for p in parts_of(model.asked[2])] == ["text", "call", "answer", "call",
+                                                       "answer"]
+
+
+class Streamer(BaseLlm):
+    """Answers from a script; a step ``"hang"`` streams a word, says so, then hangs (a P0
+    cuts it)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    model: str = "streamer"
+    script: list[Any] = []
+    asked: list[LlmRequest] = []
+    streaming: asyncio.Event
+
+    async def generate_content_async(self, llm_request: LlmRequest, stream: bool = False
+                                     ) -> AsyncGenerator[LlmResponse, None]:
+        self.asked.append(llm_request)
+        step = self.script[len(self.asked) - 1]
+        if step == "hang":
+            yield LlmResponse(content=types.Content(role="model",
+                                                    parts=[types.Part(text="Checking")]),
+                              partial=True)
+            self.streaming.set()
+            await asyncio.sleep(60)
+        yield LlmResponse(content=types.Content(role="model", parts=step), turn_complete=True)
+
+
+async def test_e1_a_p0_cutting_a_sub_agents_answer_keeps_the_conversation_there(
+        tmp_path: Path) -> None:
+    """The cut text is the sub-agent's (its model is watched too), and after the resume the
+    sub-agent, not the root, answers."""
+    root = Streamer(script=[[transfer("billing")], [types.Part(text="root answered")]],
+                    asked=[], streaming=asyncio.Event())
+    billing = Streamer(script=[
+        [types.Part(function_call=types.FunctionCall(id="l1", name="lookup",
+                                                     args={"order": "A1"}))],
+        "hang", [types.Part(text="billing answered")]], asked=[], streaming=asyncio.Event())
+    h = tt.Harness(f"sqlite:///{tmp_path / 't.db'}")
+    h.add_agent("support", ADKAgent(LlmAgent(name="root", model=root, sub_agents=[
+        LlmAgent(name="billing", model=billing, description="Billing.", tools=[lookup])])))
+    async with h:
+        task = await h.submit("support", "Refund A1")
+        run = asyncio.create_task(h.run_until_idle(timeout=60))
+        await asyncio.wait_for(billing.streaming.wait(), 30)
+        await h.emit(tt.Event("user_interrupt", task, "wait"))
+        await asyncio.wait_for(run, 30)
+        cut = [r for r in await h.history(task) if r.get("cut_off")]
+        await h.resume(task, "go on")
+        await h.run_until_idle(timeout=30)
+        info = await h.get(task)
+    assert [r["content"] for r in cut] == ["Checking"]
+    assert info.snapshot.result == "billing answered" and len(root.asked) == 1
+
+
+class Order(BaseModel):
+    id: str
+    cents: int
+
+
+async def test_r17_arguments_reach_the_tool_as_adk_gives_them(tmp_path: Path) -> None:
+    """A parameter typed with a pydantic model gets the model; a tool taking ``**extra``
+    gets the arguments it did not name."""
+    got: list[Any] = []
+
+    def charge(order: Order) -> str:
+        """Charge an order."""
+        got.append(order)
+        return "charged"
+
+    def note(text: str, **extra: Any) -> str:
+        """Note something."""
+        got.append(extra)
+        return "noted"
+
+    model = Scripted(script=[
+        [types.Part(function_call=types.FunctionCall(
+            id="c1", name="charge", args={"order": {"id": "A1", "cents": 40}})),
+         types.Part(function_call=types.FunctionCall(
+             id="c2", name="note", args={"text": "hi", "tag": "vip"}))],
+        [types.Part(text="Done.")]], asked=[])
+    h = tt.Harness(f"sqlite:///{tmp_path / 't.db'}")
+    h.add_agent("support", ADKAgent(LlmAgent(name="shop", model=model, tools=[charge, note]),
+                                    tools={"charge": tt.ToolPolicy(side_effect=True)}))
+    async with h:
+        task = await h.submit("support", "Charge A1.")
+        await h.run_until_idle(timeout=30)
+        info = await h.get(task)
+    assert info.record.status is tt.Status.COMPLETED, info.record.reason
+    assert got == [Order(id="A1", cents=40), {"tag": "vip"}]
+
+
+class Always(BaseLlm):
+    """Answers every request with the same parts."""
+
+    model: str = "always"
+    parts: list[types.Part] = []
+    asked: int = 0
+
+    async def generate_content_async(self, llm_request: LlmRequest, stream: bool = False
+                                     ) -> AsyncGenerator[LlmResponse, None]:
+        self.asked += 1
+        yield LlmResponse(content=types.Content(role="model", parts=self.parts),
+                          turn_complete=True)
+
+
+async def test_r12_agents_that_only_hand_the_conversation_back_and_forth_are_stopped(
+        tmp_path: Path) -> None:
+    """A plan carries out at most three transfers before a model answers; beyond, the plan
+    fails (bounded recovery, then a person), each model turn counted as a completion."""
+    root = Always(parts=[transfer("billing")])
+    billing = Always(parts=[transfer("root")])
+    h = tt.Harness(f"sqlite:///{tmp_path / 't.db'}")
+    h.add_agent("support", ADKAgent(LlmAgent(name="root", model=root, sub_agents=[
+        LlmAgent(name="billing", model=billing, description="Billing.")])))
+    async with h:
+        task = await h.submit("support", "Refund A1")
+        await h.run_until_idle(timeout=60)
+        info = await h.get(task)
+    assert info.record.status is tt.Status.NEEDS_HUMAN, info.record.reason
+    assert "transferred 3 times in one plan" in (info.snapshot.error or info.record.reason or "")
+    assert root.asked + billing.asked < 40

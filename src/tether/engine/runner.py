@@ -621,9 +621,10 @@ class Runner:
         return bool(self.pending)
 
     async def flush(self) -> None:
-        """Commit what is buffered. A parked task whose head did not change only gets its wake
-        time back (the claim took it), without a new version crowding out rollback points."""
-        if self.dirty:
+        """Commit what is buffered or was asked for (a paid plan whose call parked first). A
+        parked task whose head did not change only gets its wake time back (the claim took
+        it), without a new version crowding out rollback points."""
+        if self.dirty or self._commit_asked:
             await self.commit()
         elif self.snap.status is not Status.RUNNING and not self._committed:
             snap = self.snap

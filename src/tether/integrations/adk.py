@@ -76,6 +76,9 @@ fails (each is answered, as ADK answers a call of an unknown tool)."""
 NOT_MADE = "this call was not made (its answer was dropped)"
 GO_ON = "Go on."
 """Sent when a request has nothing new to say (the answer before it was cut off)."""
+TRANSFERS = 3
+"""Transfers one plan carries out before the model answers; more fail the plan (agents that
+hand the conversation back and forth are asked again, within the task's bounds)."""
 TRANSFER = "transfer_to_agent"
 """ADK's own tool for moving the conversation to a sub-agent (or back to a parent)."""
 TOOL_CALLBACKS = ("before_tool_callback", "after_tool_callback", "on_tool_error_callback")
@@ -100,9 +103,8 @@ class ADKAgent(ModelAgent):
         self.approval_timeout = approval_timeout
         """How long a call of a ``require_confirmation`` tool waits for a person (None: until
         one answers); no answer in time is a denial."""
-        self.tools = _function_tools(agent)
-        self.agent = agent.clone(update={"model": Watched(model=agent.canonical_model.model,
-                                                          inner=agent.canonical_model)})
+        self.tools, self.owned = _function_tools(agent)
+        self.agent = _watched(agent)
         self.policies = self.checked_policies(tools, self.tools, f"ADK agent {agent.name!r}")
         self.reconcilers = {name: _reconciler(name, self.tools[name], policy.reconcile)
                             for name, policy in self.policies.items()
@@ -130,20 +132,23 @@ class ADKAgent(ModelAgent):
 
     async def _run_tool(self, ctx: ToolContext, name: str, args: dict[str, Any]
                         ) -> dict[str, Any]:
-        """The tool's function on the model's arguments; its value as ADK answers the model
-        with it (a dict as it is, anything else as ``{"result": value}``)."""
-        func = self.tools[name].func
-        schema = _schema(func)
-        missing = [n for n in schema["required"] if n not in args]
-        if missing:  # as ADK answers it: the model is told, nothing runs
+        """The tool's function on the model's arguments, as ADK's ``FunctionTool`` calls it
+        (arguments converted and checked, a missing one told to the model and nothing run);
+        its value as ADK answers the model with it."""
+        tool = self.tools[name]
+        given, wrong = tool._preprocess_args_with_validation(args)
+        if wrong:
+            return tool._build_validation_error_response(wrong)
+        given = _accepted(tool.func, given)
+        missing = [n for n in tool._get_mandatory_args() if n not in given]
+        if missing:
             return {"error": f"Invoking `{name}()` failed as the following mandatory input"
                              f" parameters are not present: {', '.join(missing)}"}
-        given = {k: v for k, v in args.items() if k in schema["properties"]}
         with running(ctx):
-            if inspect.iscoroutinefunction(func):
-                value = await func(**given)
+            if inspect.iscoroutinefunction(tool.func):
+                value = await tool.func(**given)
             else:  # a plain function runs in a thread, never cut (a sync tool in tether)
-                value = await asyncio.to_thread(func, **given)
+                value = await asyncio.to_thread(tool.func, **given)
         return _response(value)
 
     # ------------------------------------------------------------------ planning
@@ -154,12 +159,13 @@ class ADKAgent(ModelAgent):
         for _ in range(AGAIN):
             answer, seconds = await self._ask(task, talk)
             actions, unknown = self._actions(answer)
-            _record(task, self.agent, answer, seconds, unknown)
+            reply = _user_event(unknown) if unknown else None
+            _record(task, self.agent, answer, seconds, reply)
             if actions:
                 return actions
-            if not unknown:
+            if reply is None:
                 return Finish(_final_text(answer))
-            talk.answered(unknown)
+            talk.answered(reply)
         raise ModelError(f"agent {self.name}: {AGAIN} answers in a row held only calls of tools"
                          f" that {self.agent.name!r} does not have")
 
@@ -200,6 +206,9 @@ class ADKAgent(ModelAgent):
                 answer.append(event)
                 if _ours(event) or event.is_final_response():
                     break  # saved, and no tool of it started: tether runs them
+                if sum(map(_turn, answer)) > TRANSFERS:
+                    raise ModelError(f"agent {self.name}: the conversation was transferred"
+                                     f" {TRANSFERS} times in one plan without an answer")
         if not answer or not (_ours(answer[-1]) or answer[-1].is_final_response()):
             raise ModelError(f"agent {self.name}: ADK ended the turn without a model answer")
         return answer
@@ -209,8 +218,10 @@ class ADKAgent(ModelAgent):
         agent does not have."""
         actions: list[Action] = []
         unknown: list[types.Part] = []
+        author = answer[-1].author
         for call in answer[-1].get_function_calls():
-            tool = self.tools.get(str(call.name))
+            tool = self.tools.get(str(call.name)) if call.name in self.owned.get(author, ()) \
+                else None
             if tool is not None:
                 args: dict[str, Any] = {"call_id": call.id, "args": dict(call.args or {})}
                 if _confirmed(tool):  # a person approves it first (ADK's confirmation)
@@ -219,7 +230,7 @@ class ADKAgent(ModelAgent):
                 actions.append(ToolCall(f"{self.name}.{call.name}", args))
             else:
                 unknown.append(_function_response(call.id, str(call.name), {
-                    "error": f"Tool {call.name} not found in agent {self.agent.name}."}))
+                    "error": f"Tool {call.name} not found in agent {author}."}))
         return actions, unknown
 
     def forget(self, decoded: Any) -> None:
@@ -313,6 +324,8 @@ class Conversation:
         """Ids of the events already in the conversation (answers made in this process)."""
         self.live: Session | None = None
         self.dirty = False
+        self.reply: Event | None = None
+        """The answers to calls of tools the agent lacks, sent as they were recorded."""
 
     def feed(self, rows: Iterable[Mapping[str, Any]]) -> None:
         for row in rows:
@@ -329,7 +342,7 @@ class Conversation:
                 if event.id not in self.known:
                     self._add(event)
         elif isinstance(row, dialog.ReplyRow) and row.cut_off:
-            self._add(Event(author=self.author, invocation_id="", content=types.Content(
+            self._add(Event(author=self._speaking(), invocation_id="", content=types.Content(
                 role="model", parts=[types.Part(text=_text(row.text) + dialog.CUT_OFF)])))
         elif isinstance(row, dialog.CallRow) and row.name.startswith(self.prefix):
             args = row.args if isinstance(row.args, Mapping) else {}
@@ -340,18 +353,29 @@ class Conversation:
             self.responses.append(_function_response(call_id, name, _answer(row)))
 
     def _add(self, event: Event) -> None:
-        """An event this process did not send or receive: after what was sent for it."""
-        if event.author != "user":
+        """An event this process did not send or receive: after what was sent for it (a
+        model's turn; the answer ADK gave to a transfer closes that call first)."""
+        self._closed(event)
+        if event.author != "user" and not event.get_function_responses():
             self._flush()
         self.events.append(event)
         self.known.add(event.id)
         self._opened(event)
         self.dirty = True
 
+    def _speaking(self) -> str:
+        """The agent the conversation is with now (a transfer moves it), whose turn a cut-off
+        answer was."""
+        return next((e.author for e in reversed(self.events) if e.author != "user"),
+                    self.author)
+
     def _opened(self, event: Event) -> None:
         """The calls *event* makes are open; those it answers (ADK's transfer) are not."""
         for call in event.get_function_calls():
             self.open[str(call.id)] = str(call.name)
+        self._closed(event)
+
+    def _closed(self, event: Event) -> None:
         for response in event.get_function_responses():
             self.open.pop(str(response.id), None)
 
@@ -386,6 +410,8 @@ class Conversation:
                       ) -> types.Content:
         """What the next request sends. ADK takes answers to calls or words as a new
         message, not both: answers followed by words go into the session first."""
+        if self.reply is not None and self.reply.content is not None:
+            return self.reply.content
         responses = self._pending()
         if responses and self.said:
             event = _user_event(responses)
@@ -399,7 +425,9 @@ class Conversation:
     def took(self, message: types.Content, answer: Sequence[Event]) -> None:
         """The request went through: what it sent and what the model answered are in the
         session, and the answer's row, fed next time, is known."""
-        self.events.append(_user_event(list(message.parts or [])))
+        sent, self.reply = self.reply or _user_event(list(message.parts or [])), None
+        self.events.append(sent)
+        self.known.add(sent.id)
         self.responses, self.said = [], []
         for event in answer:
             self.events.append(event)
@@ -407,12 +435,11 @@ class Conversation:
             self._opened(event)
         self.dirty = False
 
-    def answered(self, parts: list[types.Part]) -> None:
-        """Calls of tools the agent lacks, answered: the next request sends the answers."""
-        for part in parts:
-            if part.function_response is not None:
-                self.open.pop(str(part.function_response.id), None)
-        self.responses = parts
+    def answered(self, reply: Event) -> None:
+        """Calls of tools the agent lacks, answered (*reply*, as recorded): the next request
+        sends it."""
+        self._closed(reply)
+        self.reply = reply
 
 
 # ---------------------------------------------------------------------------- reconcile hooks
@@ -438,25 +465,37 @@ def _reconciler(name: str, tool: FunctionTool, hook: ReconcileFn) -> ReconcileFn
 
 
 def _schema(func: Callable[..., Any]) -> dict[str, Any]:
-    """A function's parameters as the JSON-schema shape hooks are checked against."""
-    params = inspect.signature(func).parameters
+    """A function's named parameters as the JSON-schema shape hooks are checked against."""
+    params = {n: p for n, p in inspect.signature(func).parameters.items()
+              if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
     return {"properties": {n: {} for n in params},
             "required": [n for n, p in params.items() if p.default is inspect.Parameter.empty]}
+
+
+def _accepted(func: Callable[..., Any], args: dict[str, Any]) -> dict[str, Any]:
+    """The arguments *func* takes (all of them when it takes ``**kwargs``), as ADK filters."""
+    params = inspect.signature(func).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return dict(args)
+    return {k: v for k, v in args.items() if k in params}
 
 
 # ---------------------------------------------------------------------------- the agent
 
 
-def _function_tools(agent: LlmAgent) -> dict[str, FunctionTool]:
-    """The function tools of the agent and of its sub-agents, by name; what tether cannot run
-    yet is refused by name."""
+def _function_tools(agent: LlmAgent) -> tuple[dict[str, FunctionTool], dict[str, set[str]]]:
+    """The function tools of the agent and of its sub-agents, by name, and which names each
+    agent has (a model may call only its own agent's tools, as in ADK); what tether cannot
+    run yet is refused by name."""
     if not isinstance(agent, LlmAgent):
         raise ConfigurationError(f"ADKAgent takes an ADK LlmAgent, not {type(agent).__name__}")
     refusals: list[str] = []
     tools: dict[str, FunctionTool] = {}
+    owned: dict[str, set[str]] = {}
     for one in _tree(agent, refusals):
         refusals += [f"the {name} of agent {one.name!r} (tether runs the tools, so it would"
                      " never be called)" for name in TOOL_CALLBACKS if getattr(one, name, None)]
+        owned[one.name] = set()
         for item in one.tools:
             tool = FunctionTool(item) if callable(item) and not isinstance(item, FunctionTool) \
                 else item
@@ -465,10 +504,20 @@ def _function_tools(agent: LlmAgent) -> dict[str, FunctionTool]:
                 refusals.append(why)
             elif isinstance(tool, FunctionTool):
                 tools[tool.name] = tool
+                owned[one.name].add(tool.name)
     if refusals:
         raise ConfigurationError(f"ADK agent {agent.name!r} uses what tether does not run yet: "
                                  + "; ".join(refusals))
-    return tools
+    return tools, owned
+
+
+def _watched(agent: LlmAgent) -> LlmAgent:
+    """A copy of the agent tree whose every model is :class:`Watched` (the user's agents are
+    left as they are)."""
+    model = agent.canonical_model
+    subs = [_watched(sub) for sub in agent.sub_agents if isinstance(sub, LlmAgent)]
+    return agent.clone(update={"model": Watched(model=model.model, inner=model),
+                               "sub_agents": subs})
 
 
 def _tree(agent: LlmAgent, refusals: list[str]) -> list[LlmAgent]:
@@ -521,21 +570,32 @@ def _plain_subclass(tool: Any) -> bool:
 
 
 def _record(task: TaskView, agent: LlmAgent, answer: Sequence[Event], seconds: float,
-            unknown: list[types.Part]) -> None:
-    usage = {"prompt_tokens": 0, "completion_tokens": 0}
+            reply: Event | None) -> None:
+    """One completion row per model turn of the answer (a transfer's turn, then the next
+    agent's), each with ADK's events; *reply* (the answers to calls of tools the agent
+    lacks) goes with the last."""
+    turns: list[list[Event]] = []
     for event in answer:
-        meta = event.usage_metadata
-        if meta is not None:
-            usage["prompt_tokens"] += meta.prompt_token_count or 0
-            usage["completion_tokens"] += meta.candidates_token_count or 0
-    calls = any(event.get_function_calls() for event in answer)
-    messages = [event.model_dump(mode="json", exclude_none=True) for event in answer]
-    if unknown:
-        messages.append(_user_event(unknown).model_dump(mode="json", exclude_none=True))
+        if _turn(event) or not turns:
+            turns.append([])
+        turns[-1].append(event)
     model = agent.model if isinstance(agent.model, str) else getattr(agent.model, "model", "")
-    task.record_completion(str(model or type(agent.model).__name__), usage=usage,
-                           finish_reason="tool_calls" if calls else "stop", seconds=seconds,
-                           messages=messages)
+    for n, events in enumerate(turns, 1):
+        meta = events[0].usage_metadata
+        usage = {"prompt_tokens": (meta.prompt_token_count or 0) if meta else 0,
+                 "completion_tokens": (meta.candidates_token_count or 0) if meta else 0}
+        messages = [event.model_dump(mode="json", exclude_none=True) for event in events]
+        if reply is not None and n == len(turns):
+            messages.append(reply.model_dump(mode="json", exclude_none=True))
+        calls = any(event.get_function_calls() for event in events)
+        task.record_completion(str(model or type(agent.model).__name__), usage=usage,
+                               finish_reason="tool_calls" if calls else "stop",
+                               seconds=round(seconds / len(turns), 3), messages=messages)
+
+
+def _turn(event: Event) -> bool:
+    """Whether *event* is a model's turn (not ADK's answer to a transfer)."""
+    return event.author != "user" and not event.get_function_responses()
 
 
 def _user_event(parts: list[types.Part]) -> Event:
