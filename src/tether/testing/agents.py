@@ -25,11 +25,12 @@ The model is :class:`tether.testing.fake_openai.FakeOpenAI`, a real HTTP server 
 completions API, so a case wires its framework's own OpenAI client to it (best
 :meth:`Endpoint.openai_client`: the P0 test watches that client's wire to know streamed text
 arrived). tether's own cases are :data:`CHAT`, :data:`PYDANTIC_AI`, :data:`OPENAI_AGENTS`,
-:data:`LANGCHAIN` (a ``create_agent`` agent) and :data:`LANGGRAPH` (a hand-built graph)
-(:data:`TETHER_CASES`).
+:data:`LANGCHAIN` (a ``create_agent`` agent), :data:`LANGGRAPH` (a hand-built graph) and
+:data:`ADK` (a Google ADK ``LlmAgent``) (:data:`TETHER_CASES`).
 """
 
 from tether.testing.agents_cases import (
+    ADK,
     CHAT,
     LANGCHAIN,
     LANGGRAPH,
@@ -50,7 +51,7 @@ from tether.testing.agents_world import (
     Wire,
 )
 
-__all__ = ["AGENT", "CHAT", "KILL_POINTS", "LANGCHAIN", "LANGGRAPH", "OPENAI_AGENTS", "PROPERTIES",
+__all__ = ["ADK", "AGENT", "CHAT", "KILL_POINTS", "LANGCHAIN", "LANGGRAPH", "OPENAI_AGENTS", "PROPERTIES",
            "PYDANTIC_AI", "TETHER_CASES", "AdapterCase", "AgentConformance",
            "AgentKillConformance", "Build", "Endpoint", "KillPoint", "KillRun", "Ledger", "Shop",
            "Wire"]
