@@ -28,13 +28,12 @@ exits 0 (1 if a run failed).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from agent_runs import AgentBench, Go, Killed, Probe, Timed, run_each
+from agent_runs import AgentBench, Go, Killed, Probe, Timed, run_each, tether_session
 from workload import ARG
 
 SYSTEMS = ("plain", "tether")
@@ -109,39 +108,14 @@ async def run_plain(probe: Probe, sizes: Sequence[int], mode: str) -> dict[int, 
 
 async def run_tether(probe: Probe, sizes: Sequence[int], mode: str
                      ) -> dict[int, dict[str, Any]]:
-    """A harness of its own per run, default settings (a short lease where a process is
-    killed); the clock runs from submit until the task's result is read."""
+    """The agent under tether's ``ADKAgent`` (:func:`agent_runs.tether_session`)."""
     import tether as tt
     from tether.integrations.adk import ADKAgent
 
-    @asynccontextmanager
-    async def session(steps: int, folder: Path) -> AsyncIterator[Go]:
-        settings = tt.Settings()
-        if mode != "run":
-            settings = dataclasses.replace(settings, lease_seconds=LEASE)
-        if steps + 1 > settings.max_completions:
-            settings = dataclasses.replace(settings, max_completions=steps + 1)
-        harness = tt.Harness(f"sqlite:///{folder / 'tether.db'}", settings=settings)
-        harness.add_agent("bench", ADKAgent(build_agent(probe),
-                                            tools={"work": tt.ToolPolicy(idempotent=True)}))
+    def agent() -> ADKAgent:
+        return ADKAgent(build_agent(probe), tools={"work": tt.ToolPolicy(idempotent=True)})
 
-        async def go() -> str:
-            if mode == "resume":
-                task = (folder / "task").read_text()
-            else:
-                task = await harness.submit("bench", PROMPT)
-                (folder / "task").write_text(task)
-            await harness.run_until_idle(concurrency=1)
-            info = await harness.get(task)
-            if info.record.status is not tt.Status.COMPLETED:
-                raise RuntimeError(f"tether task ended {info.record.status}: {info.record.reason}")
-            return str(info.snapshot.result)
-
-        async with harness:
-            assert harness.store is not None  # opened outside the clock
-            yield go
-
-    return await run_each(probe, sizes, mode, session)
+    return await run_each(probe, sizes, mode, tether_session(mode, LEASE, PROMPT, agent))
 
 
 RUNNERS = {"plain": run_plain, "tether": run_tether}

@@ -22,8 +22,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -133,6 +133,42 @@ async def run_each(probe: Probe, sizes: Sequence[int], mode: str, session: Sessi
                         "models": probe.models, "tools": probe.tools,
                         "stored_bytes": stored_bytes(probe.folder / f"n{steps}")}
     return found
+
+
+def tether_session(mode: str, lease: float, prompt: str, agent: Callable[[], Any]) -> Session:
+    """tether's run of the agent *agent* makes: a harness of its own per run, default settings
+    (a *lease* this short where a process is killed, so the restarted one waits out only that);
+    the clock runs from submit until the task's result is read, and a run resumed after a
+    kill continues the task the killed process left."""
+    import tether as tt
+
+    @asynccontextmanager
+    async def session(steps: int, folder: Path) -> AsyncIterator[Go]:
+        settings = tt.Settings()
+        if mode != "run":
+            settings = dataclasses.replace(settings, lease_seconds=lease)
+        if steps + 1 > settings.max_completions:  # only for --steps of 1000 and more
+            settings = dataclasses.replace(settings, max_completions=steps + 1)
+        harness = tt.Harness(f"sqlite:///{folder / 'tether.db'}", settings=settings)
+        harness.add_agent("bench", agent())
+
+        async def go() -> str:
+            if mode == "resume":  # the task the killed process left
+                task = (folder / "task").read_text()
+            else:
+                task = await harness.submit("bench", prompt)
+                (folder / "task").write_text(task)
+            await harness.run_until_idle(concurrency=1)
+            info = await harness.get(task)
+            if info.record.status is not tt.Status.COMPLETED:
+                raise RuntimeError(f"tether task ended {info.record.status}: {info.record.reason}")
+            return str(info.snapshot.result)
+
+        async with harness:
+            assert harness.store is not None  # opened (file and schema) outside the clock, as
+            yield go  # peers launch before their runs: once per process in real use
+
+    return session
 
 
 def stored_bytes(folder: Path) -> int:

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import asyncio
 import cProfile
-import dataclasses
 import importlib.util
 import io
 import pstats
@@ -61,7 +60,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from agent_runs import AgentBench, Go, Killed, Probe, Session, Timed, run_each
+from agent_runs import AgentBench, Go, Killed, Probe, Session, Timed, run_each, tether_session
 from workload import ARG
 
 HAS_DBOS = (importlib.util.find_spec("dbos") is not None
@@ -159,40 +158,15 @@ async def run_plain(probe: Probe, sizes: Sequence[int], mode: str) -> dict[int, 
 
 async def run_tether(probe: Probe, sizes: Sequence[int], mode: str
                      ) -> dict[int, dict[str, Any]]:
-    """A harness of its own per run, default settings (a short lease where a process is
-    killed); the clock runs from submit until the task's result is read."""
+    """The agent under tether's ``OpenAIAgentsAgent`` (:func:`agent_runs.tether_session`)."""
     import tether as tt
     from tether.integrations.openai_agents import OpenAIAgentsAgent
 
-    @asynccontextmanager
-    async def session(steps: int, folder: Path) -> AsyncIterator[Go]:
-        settings = tt.Settings()
-        if mode != "run":
-            settings = dataclasses.replace(settings, lease_seconds=LEASE)
-        if steps + 1 > settings.max_completions:  # only for --steps of 1000 and more
-            settings = dataclasses.replace(settings, max_completions=steps + 1)
-        harness = tt.Harness(f"sqlite:///{folder / 'tether.db'}", settings=settings)
-        harness.add_agent("bench", OpenAIAgentsAgent(
-            build_agent(probe, "tether"), stream=False, run_config=run_config(),
-            tools={"work": tt.ToolPolicy(idempotent=True)}))
+    def agent() -> OpenAIAgentsAgent:
+        return OpenAIAgentsAgent(build_agent(probe, "tether"), stream=False, run_config=run_config(),
+                                     tools={"work": tt.ToolPolicy(idempotent=True)})
 
-        async def go() -> str:
-            if mode == "resume":  # the task the killed process left
-                task = (folder / "task").read_text()
-            else:
-                task = await harness.submit("bench", PROMPT)
-                (folder / "task").write_text(task)
-            await harness.run_until_idle(concurrency=1)
-            info = await harness.get(task)
-            if info.record.status is not tt.Status.COMPLETED:
-                raise RuntimeError(f"tether task ended {info.record.status}: {info.record.reason}")
-            return str(info.snapshot.result)
-
-        async with harness:
-            assert harness.store is not None  # opened (file and schema) outside the clock,
-            yield go  # as DBOS launches before its runs: once per process in real use
-
-    return await profiled(probe, sizes, mode, session)
+    return await profiled(probe, sizes, mode, tether_session(mode, LEASE, PROMPT, agent))
 
 
 async def run_dbos(probe: Probe, sizes: Sequence[int], mode: str) -> dict[int, dict[str, Any]]:

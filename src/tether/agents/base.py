@@ -37,7 +37,15 @@ from tether.agent import Agent, CutOff, DialogPosition, TaskView
 from tether.agents.model_calls import RetryPolicy, with_retries
 from tether.errors import ConfigurationError
 from tether.model import Action, ToolCall, Wait
-from tether.tools import ReconcileFn, Tool, ToolPolicy, check_hook, hook_misfit
+from tether.tools import (
+    ReconcileFn,
+    Tool,
+    ToolContext,
+    ToolPolicy,
+    check_hook,
+    hook_misfit,
+    hook_name,
+)
 
 T = TypeVar("T")
 D = TypeVar("D", bound="Decoded")
@@ -208,6 +216,31 @@ def hook_takes_call(tool: str, hook: ReconcileFn, schema: Mapping[str, Any],
     check_hook(hook, tool, f"{own} or `{call_text}` (the model's call)",
                *((call, ()) if takes_call else (required, optional)))
     return takes_call, properties
+
+
+ARGS_CALL = ("call_id", "args")
+"""What a framework's tether call carries when it passes the model's arguments as a dict."""
+
+
+def args_reconciler(framework: str, name: str, hook: ReconcileFn, schema: Mapping[str, Any],
+                    answer: Callable[[Any, str, ToolContext], Any]) -> ReconcileFn:
+    """*hook* of the *framework* tool *name*, whose tether call carries the model's call id
+    and arguments (:data:`ARGS_CALL`): checked now against the tool's parameters (*schema*)
+    or the call, and given what its signature takes; a value it found is made the call's
+    answer by *answer* (value, call id, context)."""
+    takes_call, properties = hook_takes_call(name, hook, schema, ARGS_CALL,
+                                             "async def hook(ctx, call_id: str, args: dict)")
+
+    async def reconcile(ctx: ToolContext, call_id: str, args: dict[str, Any],
+                        approval: dict[str, Any] | None = None) -> Any:
+        if takes_call:
+            found = await hook(ctx, call_id=call_id, args=args)
+        else:
+            found = await hook(ctx, **{k: v for k, v in args.items() if k in properties})
+        return None if found is None else answer(found, call_id, ctx)
+
+    reconcile.__doc__ = f"The reconcile hook {hook_name(hook)} of {framework} tool {name}."
+    return reconcile
 
 
 def _parameters(properties: Mapping[str, Any], required: Sequence[str]) -> str:

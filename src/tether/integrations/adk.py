@@ -60,16 +60,14 @@ from google.genai import types
 
 from tether import dialog
 from tether.agent import DialogPosition, TaskView
-from tether.agents.base import PENDING, ModelAgent, approval_wait, hook_takes_call
+from tether.agents.base import PENDING, ModelAgent, approval_wait, args_reconciler
 from tether.agents.model_calls import ModelError, RetryPolicy
 from tether.errors import ConfigurationError
 from tether.model import Action, Finish, ToolCall
-from tether.tools import ReconcileFn, Tool, ToolContext, ToolPolicy, hook_name, running
+from tether.tools import ReconcileFn, Tool, ToolContext, ToolPolicy, running
 
 APP = "tether"
 USER = "tether"
-CALL = ("call_id", "args")
-"""What a tether call of an ADK tool carries: the model's call id and the arguments."""
 AGAIN = 3
 """Answers in a row that held only calls of tools the agent does not have, before the plan
 fails (each is answered, as ADK answers a call of an unknown tool)."""
@@ -446,22 +444,10 @@ class Conversation:
 
 
 def _reconciler(name: str, tool: FunctionTool, hook: ReconcileFn) -> ReconcileFn:
-    """*hook* of the ADK tool *name*, checked against its function now, and given the tool's
-    arguments or the model's call, as its signature says; what it found is the call's answer
-    as the tool's value would be."""
-    takes_call, properties = hook_takes_call(
-        name, hook, _schema(tool.func), CALL, "async def hook(ctx, call_id: str, args: dict)")
-
-    async def reconcile(ctx: ToolContext, call_id: str, args: dict[str, Any],
-                        approval: dict[str, Any] | None = None) -> Any:
-        if takes_call:
-            found = await hook(ctx, call_id=call_id, args=args)
-        else:
-            found = await hook(ctx, **{k: v for k, v in args.items() if k in properties})
-        return None if found is None else _response(found)
-
-    reconcile.__doc__ = f"The reconcile hook {hook_name(hook)} of ADK tool {name}."
-    return reconcile
+    """*hook* of the ADK tool *name*, checked against its function now; what it found is the
+    call's answer as the tool's value would be."""
+    return args_reconciler("ADK", name, hook, _schema(tool.func),
+                           lambda found, call_id, ctx: _response(found))
 
 
 def _schema(func: Callable[..., Any]) -> dict[str, Any]:

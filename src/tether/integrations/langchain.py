@@ -44,7 +44,7 @@ import pydantic_core
 
 from tether.agent import TaskView
 from tether.agents import prompt
-from tether.agents.base import PENDING, ModelAgent, approval_wait, hook_takes_call
+from tether.agents.base import PENDING, ModelAgent, approval_wait, args_reconciler
 from tether.agents.model_calls import ModelError, RetryPolicy
 from tether.errors import ConfigurationError, MissingExtra, ResultUnusable
 from tether.integrations.langchain_messages import Messages, dumped, messages_of, replayable, text
@@ -86,9 +86,6 @@ KEY = "tether_idempotency_key"
 """The ``config["configurable"]`` (and ``metadata``) entry holding a tool call's key."""
 AGAIN = 3
 """Model turns one plan may take when an answer only holds calls that cannot be made."""
-CALL = ("call_id", "args")
-"""The arguments of tether's tool for a LangChain tool: a reconcile hook that takes these
-gets the model's call, else it gets the tool's own arguments."""
 ARGUMENTS_QUOTED = 400
 DENIED = "The tool call was rejected by a person."
 CHANNELS = frozenset({"messages", "jump_to", "structured_response", "hitl_edited_tool_calls",
@@ -508,21 +505,10 @@ def only_message(output: Any, name: str, call_id: str) -> dict[str, Any]:
 
 def reconciler(name: str, tool: BaseTool, hook: ReconcileFn) -> ReconcileFn:
     """*hook* of the LangChain tool *name*, checked against it now and wrapped as tether's
-    tool is called: with the model's call (see :data:`CALL`)."""
+    tool is called: with the model's call (see :data:`tether.agents.base.ARGS_CALL`)."""
     params = convert_to_openai_tool(tool)["function"].get("parameters") or {}  # the model's
-    takes_call, properties = hook_takes_call(name, hook, params, CALL,
-                                             "async def hook(ctx, call_id: str, args: dict)")
-
-    async def reconcile(ctx: ToolContext, call_id: str, args: dict[str, Any],
-                        approval: dict[str, Any] | None = None) -> Any:
-        if takes_call:
-            found = await hook(ctx, call_id=call_id, args=args)
-        else:
-            found = await hook(ctx, **{k: v for k, v in args.items() if k in properties})
-        return None if found is None else _found_message(found, name, call_id, hook, ctx.tool)
-
-    reconcile.__doc__ = f"The reconcile hook {hook_name(hook)} of LangChain tool {name}."
-    return reconcile
+    return args_reconciler("LangChain", name, hook, params, lambda found, call_id, ctx:
+                           _found_message(found, name, call_id, hook, ctx.tool))
 
 
 def _found_message(value: Any, name: str, call_id: str, hook: Any,
