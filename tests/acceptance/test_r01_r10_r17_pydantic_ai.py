@@ -33,6 +33,7 @@ from pydantic_ai.usage import RequestUsage
 import tether as tt
 from tether.agent import HistoryView
 from tether.errors import ConfigurationError
+from tether.integrations import pydantic_ai as integration
 from tether.integrations.pydantic_ai import (
     KEY,
     Dialog,
@@ -173,6 +174,39 @@ async def test_r17_a_running_task_decodes_only_the_rows_added_since_its_last_pla
     assert [dict(r) for r in view.since(here) or []] == [{"role": "user", "content": "more"}]
     assert HistoryView([dict(r) for r in rows]).since(here) is None  # other objects
     assert view.since(HistoryView(rows[:1]).position()) is not None
+    await h.close()
+
+
+async def test_r17_a_completion_recorded_here_is_not_validated_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 27: the messages of a model answer this process recorded are fed back to the
+    kept history as the objects the run made, not dumped and validated again; only what
+    came from other rows (the tools' results) is validated. The history so kept is the
+    one decoded from every row."""
+    validated: list[str] = []
+    adapter_type = integration.ModelMessagesTypeAdapter
+
+    class Counting:
+        def validate_python(self, raw: Any, **kw: Any) -> Any:
+            validated.extend(str(message.get("kind")) for message in raw)
+            return adapter_type.validate_python(raw, **kw)
+
+        def dump_python(self, *args: Any, **kw: Any) -> Any:
+            return adapter_type.dump_python(*args, **kw)
+
+    monkeypatch.setattr(integration, "ModelMessagesTypeAdapter", Counting())
+    shop = Shop()
+    h = harness(tmp_path, refund_agent(scripted(calls=3), shop))
+    tid = await h.submit("support", "Refund A0, A1 and A2")
+    await h.run_until_idle(timeout=10)
+    assert (await h.get(tid)).record.status is tt.Status.COMPLETED
+    assert "response" not in validated and "request" in validated
+    kept = h.agents["support"].dialogs.get(tid)  # type: ignore[attr-defined]
+    rows = await h.history(tid)
+    monkeypatch.setattr(integration, "ModelMessagesTypeAdapter", adapter_type)
+    whole = messages_of(rows, "Refund A0, A1 and A2", "support.")
+    assert kept is not None and len(kept.done) >= 6  # three answers and their results
+    assert kept.done == whole[:len(kept.done)]
     await h.close()
 
 

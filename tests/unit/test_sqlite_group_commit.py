@@ -9,6 +9,8 @@ import dataclasses
 import time
 from pathlib import Path
 
+import pytest
+
 import tether as tt
 from tether.errors import LeaseLost
 from tether.model import Status
@@ -90,15 +92,16 @@ async def test_many_tasks_run_by_one_worker_need_far_fewer_transactions_than_ste
     ids = [await h.submit("stepper") for _ in range(50)]
     store = h.store
     assert isinstance(store, SQLiteStore)
-    commits, savepoints = count_statements(store, "COMMIT", "SAVEPOINT checkpoint")
+    said: list[str] = []
+    store._db.set_trace_callback(said.append)
     await h.run_until_idle(concurrency=50)
     assert await store.count_by_status() == {"completed": 50}
     for task_id in ids:
         history = await h.history(task_id)
         assert [row["content"] for row in history if row.get("role") == "tool"] == [0, 1, 2, 3, 4]
-    checkpoints = len(savepoints)
+    checkpoints = sum(s.startswith("SELECT fence") and "AS newest" in s for s in said)
     assert checkpoints >= 50 * 6  # five steps and the finish, at least one each
-    transactions = len(commits)  # the 50 claims included; one each, without group commit
+    transactions = said.count("COMMIT")  # the 50 claims included; one each, without group commit
     assert transactions < 50 + checkpoints / 2, f"{transactions} transactions, {checkpoints}" \
         " checkpoints"
     await h.close()
@@ -123,4 +126,24 @@ async def test_releases_of_tasks_ending_together_share_one_transaction(tmp_path:
     assert [found[n] for n in range(10) if n != 3] == [None] * 9
     owners = [(await store.get_task(f"t{n}")).lease_owner for n in range(10)]
     assert owners == [None, None, None, "w1", *[None] * 6]
+    await store.close()
+
+
+async def test_a_lone_checkpoint_takes_no_savepoint_and_fails_whole(tmp_path: Path) -> None:
+    """One checkpoint in its transaction (one task committing, the common case) runs no
+    savepoint: its failure rolls back a transaction that holds nothing else. A stale lease
+    is refused with nothing written, and the next checkpoint is written as usual."""
+    store = SQLiteStore(str(tmp_path / "t.db"))
+    now = time.time()
+    await make_task(store, "t")
+    lease = await claim(store, "t", now)
+    commits, savepoints = count_statements(store, "COMMIT", "SAVEPOINT checkpoint")
+    assert await store.commit(lease, checkpoint("t", 1), 10, now + LEASE) == 2
+    assert (len(commits), len(savepoints)) == (1, 0)
+    stale = dataclasses.replace(lease, fence=lease.fence - 1)
+    with pytest.raises(LeaseLost):
+        await store.commit(stale, checkpoint("t", 2), 10, now + LEASE)
+    assert (await store.get_task("t")).head_version == 2
+    assert not store._db.in_transaction
+    assert await store.commit(lease, checkpoint("t", 2), 10, now + LEASE) == 3
     await store.close()

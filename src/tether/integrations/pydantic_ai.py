@@ -291,6 +291,8 @@ class PydanticAIAgent(ModelAgent):
                                usage={"prompt_tokens": usage.input_tokens,
                                       "completion_tokens": usage.output_tokens},
                                seconds=seconds, messages=[*carried, *_dump(new)])
+        row = task.completions[-1].get("messages") if task.completions else None
+        dialog.recorded = (row, list(new)) if row is not None and not carried else None
         return response, new, manager
 
     async def _one_request(self, dialog: Dialog, history: list[ModelMessage], prompt: str | None
@@ -604,6 +606,10 @@ class Dialog:
         """The calls of the newest plan made in this process, with its tool manager."""
         self.live: LiveRun | None = None
         """The PydanticAI run kept open for this history (:mod:`.pydantic_ai_run`)."""
+        self.recorded: tuple[object, list[ModelMessage]] | None = None
+        """The messages of the newest completion this process recorded, with the row list
+        it recorded them as: fed that very row, the history takes the messages as they
+        are, instead of validating what they were dumped to again."""
 
     def feed(self, rows: Iterable[Mapping[str, Any]]) -> None:
         for row in map(dialog.read, rows):
@@ -613,7 +619,7 @@ class Dialog:
                                        str(row.args.get("tool_call_id", "")),
                                        row.name.startswith(self.prefix))
             elif isinstance(row, dialog.Completion) and row.messages:
-                self._add(row.messages)
+                self._add(row.messages, row.record.get("messages"))
             elif isinstance(row, dialog.ReplyRow) and row.cut_off:
                 self._add([{"kind": "response", "parts": [
                     {"part_kind": "text", "content": _text(row.text) + dialog.CUT_OFF}]}])
@@ -645,14 +651,20 @@ class Dialog:
         request = [{"kind": "request", "parts": self.pending}]
         return [*self.done, *ModelMessagesTypeAdapter.validate_python(request)]
 
-    def _add(self, raw: list[dict[str, Any]]) -> None:
+    def _add(self, raw: list[dict[str, Any]], source: object = None) -> None:
+        lead: list[dict[str, Any]] = []
         if self.pending:
-            raw.insert(0, {"kind": "request", "parts": self.pending})
+            lead.append({"kind": "request", "parts": self.pending})
             self.pending = []
-        if not self.done and raw and raw[0].get("kind") != "request":
-            raw.insert(0, {"kind": "request", "parts": [
+        elif not self.done and raw and raw[0].get("kind") != "request":
+            lead.append({"kind": "request", "parts": [
                 {"part_kind": "user-prompt", "content": self.opening}]})
-        self.done += ModelMessagesTypeAdapter.validate_python(raw)
+        recorded, self.recorded = self.recorded, None
+        if recorded is not None and source is not None and source is recorded[0]:
+            added = list(recorded[1])
+        else:
+            added, lead = ModelMessagesTypeAdapter.validate_python([*lead, *raw]), []
+        self.done += [*ModelMessagesTypeAdapter.validate_python(lead), *added] if lead else added
 
 
 def _parts(row: dialog.DialogRow, calls: Mapping[str, tuple[str, str, bool]],

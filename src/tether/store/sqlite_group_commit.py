@@ -91,6 +91,9 @@ class GroupCommit:
         return cast(T, await pending.done)
 
     def _commit(self, batch: list[_Pending]) -> None:
+        if len(batch) == 1:
+            self._commit_alone(batch[0])
+            return
         try:
             with write_transaction(self._db, self._path) as db:
                 results = [self._one(db, pending) for pending in batch]
@@ -103,6 +106,20 @@ class GroupCommit:
                     pending.done.set_exception(result)
                 else:
                     pending.done.set_result(result)
+
+    def _commit_alone(self, pending: _Pending) -> None:
+        """A checkpoint with the transaction to itself (one task committing at a time, the
+        common case): no savepoint, since its failure rolls back a transaction that holds
+        nothing else; two statements fewer a step."""
+        try:
+            with write_transaction(self._db, self._path) as db:
+                result = pending.write(db)
+        except Exception as exc:  # rolled back; an SQLite error comes as a StoreError
+            if not pending.done.done():
+                pending.done.set_exception(exc)
+            return
+        if not pending.done.done():
+            pending.done.set_result(result)
 
     def _one(self, db: sqlite3.Connection, pending: _Pending) -> Any:
         """One checkpoint inside its savepoint: written, or rolled back alone."""
