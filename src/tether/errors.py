@@ -182,6 +182,12 @@ class ResultUnusable(TetherError):
         self.value = value
 
 
+class GraphBaseGone(StoreError):
+    """A LangGraph channel value stored as what it added to an earlier version named a
+    version that is not there any more (pruned or deleted meanwhile); nothing was written.
+    TetherSaver then stores the value whole."""
+
+
 class StoreUnavailable(StoreError):
     """The store is unavailable for now (a server restarting or unreachable, a connection
     reset, a database lock held past the busy timeout, a serialization failure). A write is

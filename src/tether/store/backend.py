@@ -16,7 +16,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any, TypeVar
 
 from tether.model import EmitReceipt, Event, IdempotencyRecord, Status, TaskRecord
-from tether.store import limit_steps, retention_steps, schedule_steps, steps
+from tether.store import graph_steps, limit_steps, retention_steps, schedule_steps, steps
 from tether.store.base import (
     InboxLimits,
     LimitAnswer,
@@ -26,6 +26,7 @@ from tether.store.base import (
     StoredEvent,
     TaskQuery,
 )
+from tether.store.graph_checkpoints import GraphBlob, GraphCheckpoint, GraphQuery, GraphWrite
 from tether.store.steps import Steps
 
 T = TypeVar("T")
@@ -74,6 +75,31 @@ class SQLBackend(ABC):
     async def purge_finished(self, cutoffs: Mapping[str, float], now: float,
                              limit: int = 500) -> list[str]:
         return await self._write(retention_steps.purge(cutoffs, now, limit))
+
+    # ------------------------------------------------------------------ LangGraph checkpoints
+
+    async def graph_put(self, checkpoint: GraphCheckpoint, blobs: Sequence[GraphBlob],
+                        now: float) -> None:
+        await self._write(graph_steps.put(checkpoint, blobs, now))
+
+    async def graph_put_writes(self, thread_id: str, namespace: str, checkpoint_id: str,
+                               writes: Sequence[GraphWrite]) -> None:
+        await self._write(graph_steps.put_writes(thread_id, namespace, checkpoint_id, writes))
+
+    async def graph_checkpoints(self, query: GraphQuery) -> list[GraphCheckpoint]:
+        return await self._read(graph_steps.checkpoints(query))
+
+    async def graph_delete_threads(self, thread_ids: Sequence[str]) -> None:
+        await self._write(graph_steps.delete_threads(thread_ids))
+
+    async def graph_delete_runs(self, run_ids: Sequence[str]) -> None:
+        await self._write(graph_steps.delete_runs(run_ids))
+
+    async def graph_copy_thread(self, source: str, target: str) -> None:
+        await self._write(graph_steps.copy_thread(source, target))
+
+    async def graph_prune(self, thread_ids: Sequence[str], keep: int) -> None:
+        await self._write(graph_steps.prune(thread_ids, keep))
 
     async def collect_blobs(self, now: float) -> int:
         return await self._write_alone(retention_steps.collect_blobs(now))

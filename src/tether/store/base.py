@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tether.model import EmitReceipt, Event, EventStatus, IdempotencyRecord, Status, TaskRecord
+from tether.store.graph_checkpoints import GraphCheckpointStore
 
 
 @dataclass(frozen=True)
@@ -384,7 +385,7 @@ class ReadStore(SnapshotReads, Protocol):
         checking every task also loads each head (``tether check``)."""
 
 
-class Store(WorkerStore, ReadStore, Protocol):
+class Store(WorkerStore, ReadStore, GraphCheckpointStore, Protocol):
     """A whole backend: both paths, and its lifecycle (opened by :func:`tether.store.open_store`)."""
 
     async def migrate(self) -> list[str]:

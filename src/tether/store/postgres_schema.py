@@ -15,7 +15,7 @@ from tether.errors import StoreError
 MIGRATIONS_LOCK = 0x7E7E_0001
 TABLES = ("tether_migrations", "tasks", "snapshots", "history", "events", "idempotency",
           "recovery_log", "blobs", "limit_locks", "limit_holds", "limit_waiters", "limit_grants",
-          "schedules")
+          "schedules", "graph_checkpoints", "graph_blobs", "graph_writes")
 _MIGRATION_FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 
 

@@ -198,6 +198,13 @@ class CachedStore:
         self.find_tasks = inner.find_tasks
         self.acquire_limit = inner.acquire_limit
         self.release_limit = inner.release_limit
+        self.graph_put = inner.graph_put  # LangGraph checkpoints are never cached
+        self.graph_put_writes = inner.graph_put_writes
+        self.graph_checkpoints = inner.graph_checkpoints
+        self.graph_delete_threads = inner.graph_delete_threads
+        self.graph_delete_runs = inner.graph_delete_runs
+        self.graph_copy_thread = inner.graph_copy_thread
+        self.graph_prune = inner.graph_prune
         self.block_limit = inner.block_limit
         self.spend_limit = inner.spend_limit
         self.limit_usage = inner.limit_usage

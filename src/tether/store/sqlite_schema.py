@@ -13,9 +13,9 @@ from tether.store import sqlite_integrity
 from tether.store.sqlite_faults import DAMAGE, Damage, classify, damaged, what_to_do
 from tether.store.sqlite_group_commit import write_transaction
 
-SCHEMA_VERSION = "5"  # 2: the blob table (R20); 3: snapshots and history as rowid tables;
+SCHEMA_VERSION = "6"  # 2: the blob table (R20); 3: snapshots and history as rowid tables;
 # 4: the named limits shared by all workers and the cron schedules; 5: schedules held by the
-# worker starting them, and each limit's size
+# worker starting them, and each limit's size; 6: LangGraph checkpoints (TetherSaver)
 
 
 @functools.cache

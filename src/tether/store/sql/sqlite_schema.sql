@@ -154,3 +154,48 @@ CREATE TABLE IF NOT EXISTS schedules (
     claimed_until REAL  -- held by a worker starting its runs until then (schema 5)
 );
 CREATE INDEX IF NOT EXISTS schedules_due ON schedules (next_at);
+
+-- LangGraph checkpoints kept by TetherSaver (schema 6; tether.store.graph_checkpoints): a
+-- checkpoint without its channel values, each channel's value as a blob when it changes
+-- (a list may be stored as what it added to an earlier version), and the writes of the
+-- tasks that ran after a checkpoint.
+CREATE TABLE IF NOT EXISTS graph_checkpoints (
+    thread_id     TEXT NOT NULL,
+    checkpoint_ns TEXT NOT NULL,
+    checkpoint_id TEXT NOT NULL,
+    parent_id     TEXT,
+    run_id        TEXT,
+    kind          TEXT NOT NULL,
+    checkpoint    BLOB NOT NULL,
+    metadata_kind TEXT NOT NULL,
+    metadata      BLOB NOT NULL,
+    versions      TEXT NOT NULL,  -- JSON: channel -> the version of it read
+    created_at    REAL NOT NULL,
+    PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id)
+);
+CREATE INDEX IF NOT EXISTS graph_checkpoints_by_run ON graph_checkpoints (run_id);
+CREATE TABLE IF NOT EXISTS graph_blobs (
+    thread_id     TEXT NOT NULL,
+    checkpoint_ns TEXT NOT NULL,
+    channel       TEXT NOT NULL,
+    version       TEXT NOT NULL,
+    root          TEXT NOT NULL,  -- the whole blob a chain of additions starts from
+    base          TEXT,           -- the version this one adds to (NULL: whole)
+    keep_items    INTEGER NOT NULL,
+    kind          TEXT NOT NULL,
+    value         BLOB NOT NULL,
+    PRIMARY KEY (thread_id, checkpoint_ns, channel, version)
+);
+CREATE INDEX IF NOT EXISTS graph_blobs_chain ON graph_blobs (thread_id, checkpoint_ns, channel, root);
+CREATE TABLE IF NOT EXISTS graph_writes (
+    thread_id     TEXT NOT NULL,
+    checkpoint_ns TEXT NOT NULL,
+    checkpoint_id TEXT NOT NULL,
+    task_id       TEXT NOT NULL,
+    idx           INTEGER NOT NULL,
+    channel       TEXT NOT NULL,
+    kind          TEXT NOT NULL,
+    value         BLOB NOT NULL,
+    task_path     TEXT NOT NULL,
+    PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
+);
