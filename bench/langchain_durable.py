@@ -9,7 +9,10 @@ The same shape as ``pydantic_ai_durable.py``, for LangChain v1: the agent is the
   embedded SQLite store with default settings (the tool marked ``idempotent``);
 * **langgraph**: the agent compiled with LangGraph's ``AsyncSqliteSaver`` on a SQLite file and
   run with ``durability="sync"`` (each super-step durable before the next starts, as tether's
-  resume point is), one thread per run.
+  resume point is), one thread per run;
+* **tethersaver**: the same, with :class:`tether.integrations.tether_saver.TetherSaver` (a
+  LangGraph checkpointer on tether's embedded SQLite store, default settings) in place of
+  ``AsyncSqliteSaver``: LangGraph's own run, tether's store.
 
 The agent: a deterministic chat model (langchain-core's ``BaseChatModel``, no server) that asks
 for the tool until the conversation holds N tool results, then answers ``done N``; one
@@ -35,11 +38,12 @@ from typing import Any
 from agent_runs import AgentBench, Go, Killed, Probe, Timed, run_each, tether_session
 from workload import ARG
 
-SYSTEMS = ("plain", "tether", "langgraph")
+SYSTEMS = ("plain", "tether", "langgraph", "tethersaver")
 LABELS = {
     "plain": "LangChain create_agent, no durability",
     "tether": "tether LangChainAgent, SQLite (default)",
     "langgraph": "LangGraph AsyncSqliteSaver, durability=sync",
+    "tethersaver": "LangGraph TetherSaver (tether SQLite), durability=sync",
 }
 PROMPT = "Work through the list."
 PACKAGES = ("langchain", "langgraph", "langgraph-checkpoint-sqlite", "tether")
@@ -120,15 +124,46 @@ async def run_tether(probe: Probe, sizes: Sequence[int], mode: str
 
 async def run_langgraph(probe: Probe, sizes: Sequence[int], mode: str
                         ) -> dict[int, dict[str, Any]]:
-    """A saver of its own per run (its file and tables made outside the clock); *mode*
-    ``resume`` continues the thread the killed process left."""
+    """LangGraph's ``AsyncSqliteSaver`` (see :func:`checkpointed`)."""
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
     @asynccontextmanager
+    async def saver(folder: Path) -> AsyncIterator[Any]:
+        async with AsyncSqliteSaver.from_conn_string(str(folder / "langgraph.sqlite")) as made:
+            await made.setup()
+            yield made
+
+    return await checkpointed(probe, sizes, mode, saver)
+
+
+async def run_tethersaver(probe: Probe, sizes: Sequence[int], mode: str
+                          ) -> dict[int, dict[str, Any]]:
+    """tether's ``TetherSaver`` on tether's SQLite store (see :func:`checkpointed`)."""
+    from tether.integrations.tether_saver import TetherSaver
+    from tether.store import open_store
+
+    @asynccontextmanager
+    async def saver(folder: Path) -> AsyncIterator[Any]:
+        store = open_store(f"sqlite:///{folder / 'tether.db'}")
+        await store.migrate()
+        try:
+            yield TetherSaver(store)
+        finally:
+            await store.close()
+
+    return await checkpointed(probe, sizes, mode, saver)
+
+
+async def checkpointed(probe: Probe, sizes: Sequence[int], mode: str,
+                       saver: Any) -> dict[int, dict[str, Any]]:
+    """The agent compiled with the checkpointer *saver* makes in a run's folder, a saver of
+    its own per run (its file and tables made outside the clock), run with
+    ``durability="sync"``; *mode* ``resume`` continues the thread the killed process left."""
+
+    @asynccontextmanager
     async def session(steps: int, folder: Path) -> AsyncIterator[Go]:
-        async with AsyncSqliteSaver.from_conn_string(str(folder / "langgraph.sqlite")) as saver:
-            await saver.setup()
-            agent = build_agent(probe, saver)
+        async with saver(folder) as made:
+            agent = build_agent(probe, made)
             config = {"configurable": {"thread_id": "bench"}, **limits()}
 
             async def go() -> str:
@@ -141,7 +176,8 @@ async def run_langgraph(probe: Probe, sizes: Sequence[int], mode: str
     return await run_each(probe, sizes, mode, session)
 
 
-RUNNERS = {"plain": run_plain, "tether": run_tether, "langgraph": run_langgraph}
+RUNNERS = {"plain": run_plain, "tether": run_tether, "langgraph": run_langgraph,
+           "tethersaver": run_tethersaver}
 BENCH = AgentBench(Path(__file__).resolve(), SYSTEMS, LABELS, LEASE, peer="langgraph",
                    peer_name="LangGraph SqliteSaver")
 
@@ -155,7 +191,8 @@ def markdown(runs: Timed, found: Killed, sizes: Sequence[int], rounds: int, seco
         "One LangChain `create_agent` agent (a deterministic chat model asking for one"
         " idempotent, trivial tool N times, then answering), run plain, under tether's"
         " `LangChainAgent` (SQLite store, default settings) and compiled with LangGraph's"
-        " `AsyncSqliteSaver` (`durability=\"sync\"`). Whole run after a warm-up run, divided by"
+        " `AsyncSqliteSaver` (`durability=\"sync\"`), and compiled with tether's `TetherSaver`"
+        " (LangGraph's run, tether's SQLite store). Whole run after a warm-up run, divided by"
         " N; overhead is that minus the plain run of the same round. Median of"
         f" {rounds} interleaved round{'s' if rounds != 1 else ''} (with more than one, their"
         " range in brackets); each system's round its own process, running each N in turn in a"
