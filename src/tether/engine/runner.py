@@ -112,6 +112,9 @@ class Runner:
         self._commit_asked = False
         self._inbox_seen: frozenset[int] | None = None
         """The pending events' ids at the last read of the inbox (None: not read yet)."""
+        self._inbox_at_commit: list[StoredEvent] | None = None
+        """The pending events as the last commit read them right after writing (in its round
+        trip): the next tick's read, unless something was stored for the task since."""
         self._planned = False
         """The last step planned (and did nothing else): the next may start a call."""
 
@@ -235,8 +238,10 @@ class Runner:
         degrade.follow_worker(self)
         if self._read_at_resume_point():
             return
-        self.wake.clear()
-        pending = await self.store.pending_events(self.snap.task_id)
+        pending, self._inbox_at_commit = self._inbox_at_commit, None
+        if pending is None or self.wake.is_set():
+            self.wake.clear()
+            pending = await self.store.pending_events(self.snap.task_id)
         self._inbox_seen = frozenset(e.event.id for e in pending if e.event.id is not None)
         for stored in pending:
             if stored.event.id not in self.applied:
@@ -599,6 +604,7 @@ class Runner:
         if event.source_event_id in self.fired:
             return
         receipt, _ = await self.host.inbox.emit(event)
+        self._inbox_at_commit = None  # stored without a notification: the next tick reads
         self.fired.add(event.source_event_id)
         if receipt.outcome == "duplicate":
             self.host.log.info("task %s: %s had already fired (event %d)", event.task_id,
@@ -643,7 +649,7 @@ class Runner:
         checkpoint = self.pending.checkpoint(head, large, snap.status, self._wake_at(), reason,
                                              inbox_seen)
         try:
-            self.version = await self.store.commit(
+            self.version, self._inbox_at_commit = await self.store.commit_reading(
                 self.claim, checkpoint, self.settings.keep_versions,
                 time.time() + self.settings.lease_seconds)
         except LeaseLost:

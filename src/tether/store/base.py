@@ -249,6 +249,13 @@ class WorkerStore(SnapshotReads, Protocol):
     async def commit(self, claim: Claim, checkpoint: Checkpoint, keep: int, lease_until: float) -> int:
         """Write one step atomically under the lease; returns the new version."""
 
+    async def commit_reading(self, claim: Claim, checkpoint: Checkpoint, keep: int,
+                             lease_until: float) -> tuple[int, list[StoredEvent] | None]:
+        """:meth:`commit`, then the task's pending events as they stand once it is written
+        (what :meth:`pending_events` returns then): a step's write and the next step's read
+        of the inbox in one round trip, where a read costs one (PostgreSQL). None: this
+        backend reads as cheaply on its own (SQLite), so the caller reads when it needs to."""
+
     async def next_epoch(self, task_id: str) -> int:
         """A history branch number not used yet by this task."""
 

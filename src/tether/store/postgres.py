@@ -51,7 +51,7 @@ from tether.model import Status
 from tether.store import queries as q
 from tether.store import rows, steps
 from tether.store.backend import SQLBackend
-from tether.store.base import Checkpoint, Claim
+from tether.store.base import Checkpoint, Claim, StoredEvent
 from tether.store.steps import Notify, Statement, Steps
 
 try:
@@ -283,10 +283,21 @@ class PostgresStore(SQLBackend):
     async def commit(self, claim: Claim, checkpoint: Checkpoint, keep: int, lease_until: float) -> int:
         """One ``tether_checkpoint`` call, sharing a transaction with the checkpoints of other
         tasks ready at the same moment (postgres_checkpoint)."""
+        version, _ = await self._checkpoint(claim, checkpoint, keep, lease_until, read=False)
+        return version
+
+    async def commit_reading(self, claim: Claim, checkpoint: Checkpoint, keep: int,
+                             lease_until: float) -> tuple[int, list[StoredEvent]]:
+        """The checkpoint and the next tick's read of the inbox in one round trip."""
+        version, found = await self._checkpoint(claim, checkpoint, keep, lease_until, read=True)
+        return version, [rows.stored_event(row) for row in found or ()]
+
+    async def _checkpoint(self, claim: Claim, checkpoint: Checkpoint, keep: int,
+                          lease_until: float, read: bool) -> postgres_checkpoint.Written:
         params = postgres_checkpoint.call_params(claim, checkpoint, keep, lease_until, time.time())
         await self._open()
         failpoint("mid_checkpoint")  # killed here, nothing of the checkpoint was sent
-        return await self._group.write(claim, params)
+        return await self._group.write(claim, params, read)
 
     async def _checkpoint_failure(self, exc: psycopg.Error, claim: Claim) -> Exception:
         """What a checkpoint's caller gets for the database error its call met."""

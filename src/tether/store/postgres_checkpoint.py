@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 import psycopg
+from psycopg.rows import dict_row
 
 from tether.store import queries as q
 from tether.store import steps
@@ -40,6 +41,11 @@ _WAKES = {q.URGENT: "urgent", q.LEVERS: "levers"}
 names them."""
 TASK_MISSING, LEASE_LOST, INBOX_MOVED = "TT404", "TT409", "TT412"
 """The SQLSTATEs ``tether_checkpoint`` raises."""
+INBOX = q.pyformat(q.PENDING_EVENTS)
+"""The task's pending events, read in the checkpoint's round trip when the caller asks."""
+Written = tuple[int, list[dict[str, Any]] | None]
+"""A checkpoint's new version, and the task's pending events once it was written (None: not
+asked for)."""
 
 
 def call_params(claim: Claim, checkpoint: Checkpoint, keep: int, lease_until: float,
@@ -76,7 +82,8 @@ Failure = Callable[[psycopg.Error, Claim], Awaitable[Exception]]
 class _Pending:
     claim: Claim
     params: tuple[Any, ...]
-    done: asyncio.Future[int] = field(
+    read: bool = False
+    done: asyncio.Future[Written] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -94,13 +101,14 @@ class GroupCommit:
         self._sending: set[asyncio.Task[None]] = set()
         """Batches on their way, held so that a leader's cancellation cannot lose one."""
 
-    async def write(self, claim: Claim, params: tuple[Any, ...]) -> int:
-        """Write one checkpoint; its new version once the transaction holding it committed.
+    async def write(self, claim: Claim, params: tuple[Any, ...], read: bool = False) -> Written:
+        """Write one checkpoint; its new version once the transaction holding it committed
+        (and with *read*, the task's pending events then, in the same round trip).
 
         The leader takes the batch even when it is cancelled while it yields (a lease lost,
         a drain timeout): a batch left in the queue would make every later checkpoint of this
         store a follower of a leader that never sends, and each would wait forever."""
-        pending = _Pending(claim, params)
+        pending = _Pending(claim, params, read)
         self._queue.append(pending)
         if len(self._queue) == 1:
             try:
@@ -132,23 +140,31 @@ class GroupCommit:
             raise
 
     async def _alone(self, pending: _Pending) -> None:
+        """The call on an autocommit connection (its own transaction), and the inbox read
+        after it in the same pipeline: one round trip."""
         try:
             async with self._connect() as conn:
-                cursor = await conn.execute(CALL, pending.params)
+                async with conn.pipeline():
+                    cursor = await conn.execute(CALL, pending.params)
+                    inbox = await _read_inbox(conn, pending)
                 row = await cursor.fetchone()
+                pending_events = None if inbox is None else await inbox.fetchall()
         except psycopg.Error as exc:
             _settle(pending, error=await self._failure(exc, pending.claim))
             return
-        _settle(pending, version=_version(row))
+        _settle(pending, (_version(row), pending_events))
 
     async def _together(self, batch: list[_Pending]) -> None:
         """One transaction in one pipeline. If the server refused it (a stale fence in it),
         nothing landed and each is sent on its own; if the connection broke, a commit may
         have landed, so nothing is sent again and every caller hears of the failure."""
         try:
-            async with self._connect() as conn, conn.pipeline(), conn.transaction():
-                cursors = [await conn.execute(CALL, pending.params) for pending in batch]
-            versions = [await cursor.fetchone() for cursor in cursors]
+            async with self._connect() as conn:
+                async with conn.pipeline(), conn.transaction():
+                    cursors = [await conn.execute(CALL, pending.params) for pending in batch]
+                    inboxes = [await _read_inbox(conn, pending) for pending in batch]
+                versions = [await cursor.fetchone() for cursor in cursors]
+                read = [None if inbox is None else await inbox.fetchall() for inbox in inboxes]
         except psycopg.Error as exc:
             if exc.sqlstate is None or connection_lost(exc):
                 for pending in batch:
@@ -157,8 +173,18 @@ class GroupCommit:
             for pending in batch:
                 await self._alone(pending)
             return
-        for pending, row in zip(batch, versions, strict=True):
-            _settle(pending, version=_version(row))
+        for pending, row, pending_events in zip(batch, versions, read, strict=True):
+            _settle(pending, (_version(row), pending_events))
+
+
+async def _read_inbox(conn: psycopg.AsyncConnection[Any], pending: _Pending
+                      ) -> psycopg.AsyncCursor[dict[str, Any]] | None:
+    """The task's pending events, queued behind its checkpoint (None: not asked for)."""
+    if not pending.read:
+        return None
+    cursor = conn.cursor(row_factory=dict_row)
+    await cursor.execute(INBOX, (pending.claim.task_id,))
+    return cursor
 
 
 def _version(row: tuple[Any, ...] | None) -> int:
@@ -167,10 +193,11 @@ def _version(row: tuple[Any, ...] | None) -> int:
     return int(row[0])
 
 
-def _settle(pending: _Pending, version: int = 0, error: BaseException | None = None) -> None:
+def _settle(pending: _Pending, written: Written = (0, None),
+            error: BaseException | None = None) -> None:
     if pending.done.done():  # its caller was cancelled: the checkpoint was written all the same
         return
     if error is not None:
         pending.done.set_exception(error)
     else:
-        pending.done.set_result(version)
+        pending.done.set_result(written)

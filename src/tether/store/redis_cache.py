@@ -58,7 +58,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 from tether.errors import MissingExtra
 from tether.model import TaskRecord
-from tether.store.base import Checkpoint, Claim, Store
+from tether.store.base import Checkpoint, Claim, Store, StoredEvent
 from tether.store.sqlite import SQLiteStore
 
 try:
@@ -347,6 +347,14 @@ class CachedStore:
         if claim.created_at is not None:  # after it is durable
             await self._put(claim.task_id, (claim.created_at, version), checkpoint.head)
         return version
+
+    async def commit_reading(self, claim: Claim, checkpoint: Checkpoint, keep: int,
+                             lease_until: float) -> tuple[int, list[StoredEvent] | None]:
+        self._claimed.pop(claim.task_id, None)
+        version, pending = await self.inner.commit_reading(claim, checkpoint, keep, lease_until)
+        if claim.created_at is not None:  # after it is durable
+            await self._put(claim.task_id, (claim.created_at, version), checkpoint.head)
+        return version, pending
 
     async def create_task(self, record: TaskRecord, head: bytes, wake_at: float | None = None,
                           blobs: Mapping[str, bytes] | None = None) -> None:

@@ -273,6 +273,11 @@ class SQLiteStore(SQLBackend):
         return await self._group.write(
             lambda db: self._checkpoint(db, claim, checkpoint, keep, lease_until))
 
+    async def commit_reading(self, claim: Claim, checkpoint: Checkpoint, keep: int,
+                             lease_until: float) -> tuple[int, list[StoredEvent] | None]:
+        """A read of the file costs no round trip: only the commit (the caller reads)."""
+        return await self.commit(claim, checkpoint, keep, lease_until), None
+
     def _checkpoint(self, db: sqlite3.Connection, claim: Claim, checkpoint: Checkpoint, keep: int,
                     lease_until: float) -> int:
         """Write one checkpoint, inside the group commit's transaction."""

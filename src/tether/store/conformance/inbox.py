@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -9,16 +10,18 @@ import pytest
 from tether.errors import (
     InboxFull,
     InboxMoved,
+    LeaseLost,
     TaskClosed,
     TaskNotFound,
 )
 from tether.model import EventStatus, IdempotencyRecord, OutcomeStatus, Status
-from tether.store.base import HistoryRow, Store
+from tether.store.base import Checkpoint, HistoryRow, Store
 from tether.store.conformance.helpers import (
     LEASE,
     claim,
     commit,
     event,
+    head,
     limits,
     make_task,
     park,
@@ -283,6 +286,30 @@ class InboxConformance:
         assert [e.event.id for e in await store.pending_events("t1")] == [ids[2]]
         statuses = [e.status for e in await store.list_events("t1")]
         assert statuses == ["applied", "ignored", "pending"]
+
+    async def test_a_commit_that_reads_returns_the_inbox_as_it_stands_once_written(
+            self, store: Store) -> None:
+        """R5, R13, issue 30: commit_reading writes as commit does and hands back what
+        pending_events would return right after it (or None, where the backend leaves the
+        read to the caller): the events the step applied are gone, the others listed, most
+        urgent first; a stale lease writes and reads nothing."""
+        now = time.time()
+        await make_task(store, "t1")
+        ids = [(await store.add_event(event("t1", payload=n), priority, limits(), now)).event_id
+               for n, priority in enumerate((2, 1, 0))]
+        lease = await claim(store, "t1", now)
+        checkpoint = Checkpoint(head=head("t1", Status.RUNNING, 1), status=Status.RUNNING,
+                                events_done=[(ids[1], EventStatus.APPLIED)])
+        version, pending = await store.commit_reading(lease, checkpoint, 10, now + LEASE)
+        assert version == 2 == (await store.get_task("t1")).head_version
+        now_pending = await store.pending_events("t1")
+        assert [e.event.id for e in now_pending] == [ids[2], ids[0]]
+        assert pending is None or pending == now_pending
+        stale = dataclasses.replace(lease, fence=lease.fence - 1)
+        with pytest.raises(LeaseLost):
+            await store.commit_reading(stale, Checkpoint(head=head("t1", Status.RUNNING, 2),
+                                                         status=Status.RUNNING), 10, now + LEASE)
+        assert (await store.get_task("t1")).head_version == 2
 
     # ------------------------------------------------------------------ idempotency, recovery log
 
