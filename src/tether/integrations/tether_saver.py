@@ -73,6 +73,9 @@ LISTS_KEPT = 256
 """Threads (per namespace and channel) whose last stored list this process remembers, to
 store the next one as what it added; the oldest is forgotten first (its next list is then
 stored whole once)."""
+CHAIN_LINKS = 200
+"""A list is stored whole again once this many versions in a row were stored as additions,
+so reading one back follows at most this many."""
 
 
 @dataclass
@@ -80,6 +83,8 @@ class _Listed:
     version: str
     root: str
     items: list[Typed]
+    links: int = 0
+    """How many additions separate it from the whole list its chain starts from."""
 
 
 class TetherSaver(BaseCheckpointSaver[str]):
@@ -94,7 +99,7 @@ class TetherSaver(BaseCheckpointSaver[str]):
         self._source = store
         self.keep = keep
         self._lists: OrderedDict[tuple[str, str, str], _Listed] = OrderedDict()
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop: asyncio.AbstractEventLoop | None = _running_loop()
 
     @property
     def store(self) -> Store:
@@ -128,11 +133,14 @@ class TetherSaver(BaseCheckpointSaver[str]):
         changed = [(channel, str(v), values.get(channel),
                     channel in values) for channel, v in new_versions.items()]
         try:
-            await store.graph_put(row, self._blobs(thread_id, namespace, changed), time.time())
+            kept = await store.graph_put(row, self._blobs(thread_id, namespace, changed),
+                                         time.time())
         except GraphBaseGone:  # pruned by another process meanwhile: store the values whole
             self._forget(thread_id)
-            await store.graph_put(row, self._blobs(thread_id, namespace, changed, whole=True),
-                                  time.time())
+            kept = await store.graph_put(
+                row, self._blobs(thread_id, namespace, changed, whole=True), time.time())
+        for channel in kept:  # stored before, maybe otherwise: extend nothing from memory
+            self._lists.pop((thread_id, namespace, channel), None)
         if self.keep is not None:
             await store.graph_prune([thread_id], self.keep)
         return {"configurable": {"thread_id": thread_id, "checkpoint_ns": namespace,
@@ -155,13 +163,14 @@ class TetherSaver(BaseCheckpointSaver[str]):
             return GraphBlob(channel, version, self.serde.dumps_typed(value), version)
         items = [self.serde.dumps_typed(item) for item in value]
         last = None if whole else self._lists.pop(key, None)
-        if last is not None and 0 < len(last.items) <= len(items) \
-                and items[:len(last.items)] == last.items:
+        if last is not None and last.version != version and last.links < CHAIN_LINKS \
+                and 0 < len(last.items) <= len(items) and items[:len(last.items)] == last.items:
             blob = GraphBlob(channel, version, self.serde.dumps_typed(value[len(last.items):]),
                              last.root, base=last.version, keep=len(last.items))
+            links = last.links + 1
         else:
-            blob = GraphBlob(channel, version, self.serde.dumps_typed(value), version)
-        self._lists[key] = _Listed(version, blob.root, items)
+            blob, links = GraphBlob(channel, version, self.serde.dumps_typed(value), version), 0
+        self._lists[key] = _Listed(version, blob.root, items, links)
         while len(self._lists) > LISTS_KEPT:
             self._lists.popitem(last=False)
         return blob
@@ -215,22 +224,25 @@ class TetherSaver(BaseCheckpointSaver[str]):
 
     def _values(self, row: GraphCheckpoint) -> dict[str, Any]:
         """The channel values the checkpoint reads, each rebuilt from its chain of blobs."""
-        made: dict[tuple[str, str], Any] = {}
-
-        def value(channel: str, version: str) -> Any:
-            key = (channel, version)
-            if key not in made:
-                blob = row.blobs.get(key)
-                if blob is None:
-                    raise CorruptStore(f"LangGraph thread {row.thread_id!r}: version {version}"
-                                       f" of channel {channel!r} is missing from the store")
-                tail = self.serde.loads_typed(blob.value)
-                made[key] = tail if blob.base is None else \
-                    [*value(channel, blob.base)[:blob.keep], *tail]
-            return made[key]
-
-        return {channel: value(channel, version) for channel, version in row.versions.items()
+        return {channel: self._value(row, channel, version)
+                for channel, version in row.versions.items()
                 if (channel, version) in row.blobs and row.blobs[(channel, version)].value != EMPTY}
+
+    def _value(self, row: GraphCheckpoint, channel: str, version: str) -> Any:
+        """Follow the chain back to its whole blob, then apply each addition in turn."""
+        chain = [row.blobs[(channel, version)]]
+        while chain[-1].base is not None:
+            base = row.blobs.get((channel, chain[-1].base))
+            if base is None or len(chain) > len(row.blobs):
+                raise CorruptStore(f"LangGraph thread {row.thread_id!r}: version"
+                                   f" {chain[-1].base} of channel {channel!r}, which a later"
+                                   " version adds to, is missing from the store")
+            chain.append(base)
+        value = self.serde.loads_typed(chain[-1].value)
+        for link in reversed(chain[:-1]):
+            del value[link.keep:]
+            value.extend(self.serde.loads_typed(link.value))
+        return value
 
     # ------------------------------------------------------------------ removing
 
@@ -289,13 +301,18 @@ class TetherSaver(BaseCheckpointSaver[str]):
     def delete_thread(self, thread_id: str) -> None:
         self._sync(self.adelete_thread(thread_id))
 
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        self._sync(self.adelete_for_runs(run_ids))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        self._sync(self.acopy_thread(source_thread_id, target_thread_id))
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        self._sync(self.aprune(thread_ids, strategy=strategy))
+
     def _sync(self, work: Coroutine[Any, Any, T]) -> T:
         """Run *work* on the loop the store is used on, from another thread."""
-        loop = self._loop
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
+        loop, running = self._loop, _running_loop()
         if loop is None or running is loop or not loop.is_running():
             work.close()
             raise ConfigurationError(
@@ -303,6 +320,14 @@ class TetherSaver(BaseCheckpointSaver[str]):
                 " loop its store is used on (or call invoke from another thread while that"
                 " loop runs)")
         return asyncio.run_coroutine_threadsafe(work, loop).result()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    """The loop a saver made inside a coroutine will be used on (None: made outside one)."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def _thread(config: RunnableConfig) -> str:

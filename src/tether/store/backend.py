@@ -48,6 +48,10 @@ class SQLBackend(ABC):
     async def _write(self, work: Steps[T]) -> T:
         """Run *work* in one write transaction: all of them land, or none."""
 
+    @abstractmethod
+    async def _read_snapshot(self, work: Steps[T]) -> T:
+        """Run *work* in one read-only snapshot: every statement sees the same commits."""
+
     # ------------------------------------------------------------------ the worker's writes
 
     async def create_task(self, record: TaskRecord, head: bytes, wake_at: float | None = None,
@@ -79,15 +83,17 @@ class SQLBackend(ABC):
     # ------------------------------------------------------------------ LangGraph checkpoints
 
     async def graph_put(self, checkpoint: GraphCheckpoint, blobs: Sequence[GraphBlob],
-                        now: float) -> None:
-        await self._write(graph_steps.put(checkpoint, blobs, now))
+                        now: float) -> set[str]:
+        return await self._write(graph_steps.put(checkpoint, blobs, now))
 
     async def graph_put_writes(self, thread_id: str, namespace: str, checkpoint_id: str,
                                writes: Sequence[GraphWrite]) -> None:
         await self._write(graph_steps.put_writes(thread_id, namespace, checkpoint_id, writes))
 
     async def graph_checkpoints(self, query: GraphQuery) -> list[GraphCheckpoint]:
-        return await self._read(graph_steps.checkpoints(query))
+        """In one snapshot: a prune committed between reading a checkpoint and reading its
+        values must not hand back the checkpoint without them."""
+        return await self._read_snapshot(graph_steps.checkpoints(query))
 
     async def graph_delete_threads(self, thread_ids: Sequence[str]) -> None:
         await self._write(graph_steps.delete_threads(thread_ids))

@@ -83,8 +83,11 @@ class GraphCheckpointStore(Protocol):
     """The store's LangGraph part. All methods are coroutines."""
 
     async def graph_put(self, checkpoint: GraphCheckpoint, blobs: Sequence[GraphBlob],
-                        now: float) -> None:
-        """Store *checkpoint* (its writes ignored) and the blobs of the channels it changed."""
+                        now: float) -> set[str]:
+        """Store *checkpoint* (its writes ignored) and the blobs of the channels it changed;
+        returns the channels whose blob at that version was stored already (a version names
+        one value: the stored blob is kept as it was). :class:`GraphBaseGone` if a blob adds
+        to a version that is not there (nothing written)."""
 
     async def graph_put_writes(self, thread_id: str, namespace: str, checkpoint_id: str,
                                writes: Sequence[GraphWrite]) -> None:

@@ -24,10 +24,9 @@ PUT_CHECKPOINT = (
 _BLOB_COLUMNS = "thread_id, checkpoint_ns, channel, version, root, base, keep_items, kind, value"
 PUT_BLOB = (
     f"INSERT INTO graph_blobs ({_BLOB_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-    " ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO UPDATE SET"
-    " root = excluded.root, base = excluded.base, keep_items = excluded.keep_items,"
-    " kind = excluded.kind,"
-    " value = excluded.value")
+    " ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO NOTHING")
+"""A version names one value for good: a blob already stored is never rewritten (a put made
+again, a retry, cannot turn it into what it extends, or into a chain that loops)."""
 _WRITE_COLUMNS = ("thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, kind, value,"
                   " task_path")
 _PUT_WRITE = (f"INSERT INTO graph_writes ({_WRITE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -39,7 +38,8 @@ WRITES_OF = ("SELECT task_id, idx, channel, kind, value, task_path FROM graph_wr
              " WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?")
 BLOB_PRESENT = ("SELECT version FROM graph_blobs WHERE thread_id = ? AND checkpoint_ns = ? AND"
                 " channel = ? AND version = ?")
-BLOBS_OF = ("SELECT version FROM graph_blobs WHERE thread_id = ? AND checkpoint_ns = ?")
+BLOBS_OF = ("SELECT channel, version, base FROM graph_blobs WHERE thread_id = ? AND"
+            " checkpoint_ns = ? ORDER BY channel, version")
 BLOB_AT = (f"SELECT {_BLOB_COLUMNS} FROM graph_blobs"
            " WHERE thread_id = ? AND checkpoint_ns = ? AND channel = ? AND version = ?")
 CHAIN = (f"SELECT {_BLOB_COLUMNS} FROM graph_blobs WHERE thread_id = ? AND checkpoint_ns = ?"
@@ -48,8 +48,6 @@ NAMESPACES = "SELECT DISTINCT checkpoint_ns FROM graph_checkpoints WHERE thread_
 NEWEST_FIRST = ("SELECT checkpoint_id FROM graph_checkpoints WHERE thread_id = ? AND"
                 " checkpoint_ns = ? ORDER BY checkpoint_id DESC")
 VERSIONS_OF = ("SELECT versions FROM graph_checkpoints WHERE thread_id = ? AND checkpoint_ns = ?")
-BLOB_KEYS = ("SELECT channel, version, base FROM graph_blobs WHERE thread_id = ? AND"
-             " checkpoint_ns = ?")
 DROP_CHECKPOINT = ("DELETE FROM graph_checkpoints WHERE thread_id = ? AND checkpoint_ns = ? AND"
                    " checkpoint_id = ?")
 DROP_WRITES_OF = ("DELETE FROM graph_writes WHERE thread_id = ? AND checkpoint_ns = ? AND"
@@ -70,12 +68,14 @@ COPY_THREAD = (
     " ON CONFLICT DO NOTHING")
 
 
-def put(checkpoint: GraphCheckpoint, blobs: Sequence[GraphBlob], now: float) -> Steps[None]:
-    """The checkpoint and its blobs; a blob adding to a base is written only if the base is
-    there, held (PostgreSQL: locked) until the transaction ends, so a prune cannot drop it
-    meanwhile (:func:`_collect_blobs` locks the blobs it looks at first)."""
+def put(checkpoint: GraphCheckpoint, blobs: Sequence[GraphBlob], now: float
+        ) -> Steps[set[str]]:
+    """The checkpoint and its blobs; returns the channels whose version was stored already
+    (kept as it was). A blob adding to a base is written only if the base is there, held
+    (PostgreSQL: locked, in the order :func:`_collect_blobs` locks) until the transaction
+    ends, so a prune cannot drop it meanwhile."""
     c = checkpoint
-    for blob in blobs:
+    for blob in sorted(blobs, key=lambda b: (b.channel, b.base or "")):
         if blob.base is not None and (yield one(BLOB_PRESENT, c.thread_id, c.namespace,
                                                 blob.channel, blob.base, lock=True)) is None:
             raise GraphBaseGone(f"LangGraph thread {c.thread_id!r}: version {blob.base} of"
@@ -83,9 +83,12 @@ def put(checkpoint: GraphCheckpoint, blobs: Sequence[GraphBlob], now: float) -> 
     yield change(PUT_CHECKPOINT, c.thread_id, c.namespace, c.checkpoint_id, c.parent_id,
                  c.run_id, c.checkpoint[0], c.checkpoint[1], c.metadata[0], c.metadata[1],
                  orjson.dumps(c.versions).decode(), now)
-    if blobs:
-        yield change_many(PUT_BLOB, [(c.thread_id, c.namespace, b.channel, b.version, b.root,
-                                      b.base, b.keep, b.value[0], b.value[1]) for b in blobs])
+    kept: set[str] = set()
+    for b in blobs:
+        if not (yield change(PUT_BLOB, c.thread_id, c.namespace, b.channel, b.version, b.root,
+                             b.base, b.keep, b.value[0], b.value[1])):
+            kept.add(b.channel)
+    return kept
 
 
 def put_writes(thread_id: str, namespace: str, checkpoint_id: str,
@@ -191,10 +194,10 @@ def prune(thread_ids: Sequence[str], keep: int) -> Steps[None]:
 def _collect_blobs(thread_id: str, namespace: str) -> Steps[None]:
     """Drop the namespace's blobs no checkpoint left reads, directly or as a base. The blobs
     are locked first (PostgreSQL), then the checkpoints read: a put holding a base it adds
-    to has committed by then, and its checkpoint is seen."""
-    yield Statement(BLOBS_OF, (thread_id, namespace), "all", lock=True)
+    to has committed by then, and its checkpoint is seen. Only blobs that locked read found
+    may be dropped: one stored after it belongs to a checkpoint the next read may miss."""
+    stored = yield Statement(BLOBS_OF, (thread_id, namespace), "all", lock=True)
     read = yield every(VERSIONS_OF, thread_id, namespace)
-    stored = yield every(BLOB_KEYS, thread_id, namespace)
     bases = {(row["channel"], row["version"]): row["base"] for row in stored}
     wanted = _reached(bases, ((channel, version) for row in read
                               for channel, version in orjson.loads(row["versions"]).items()))

@@ -213,6 +213,16 @@ class PostgresStore(SQLBackend):
         async with self._tx() as conn:
             return await self._run(conn, work)
 
+    async def _read_snapshot(self, work: Steps[T]) -> T:
+        """A read-only REPEATABLE READ transaction: one snapshot for every statement."""
+        await self._open()
+        try:
+            async with self._pool.connection() as conn, conn.transaction():
+                await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                return await self._run(conn, work)
+        except psycopg.Error as exc:
+            raise await self._fault(exc) from exc
+
     async def _write_alone(self, work: Steps[T]) -> T:
         async with self._tx() as conn:
             await conn.execute("LOCK TABLE snapshots IN SHARE MODE")  # commits wait

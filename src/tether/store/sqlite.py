@@ -163,6 +163,15 @@ class SQLiteStore(SQLBackend):
         with self._transaction() as db:
             return self._run(db, work)
 
+    async def _read_snapshot(self, work: Steps[T]) -> T:
+        """A deferred transaction: in WAL mode its reads share one snapshot (the steps run
+        synchronously, so no other coroutine of this process uses the connection meanwhile)."""
+        self._db.execute("BEGIN")
+        try:
+            return self._run(self._db, work)
+        finally:
+            self._db.execute("COMMIT")
+
     def _missing(self, task_id: str, outcome: str = "") -> TetherError:
         """TaskNotFound, unless damage may be what hides the task."""
         return sqlite_integrity.missing(self._db, self.damage, task_id, outcome)
