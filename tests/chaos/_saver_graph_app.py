@@ -60,7 +60,8 @@ async def main(url: str, ledger: str, mode: str, block_at: str | None) -> None:
     try:
         app = graph(TetherSaver(store), ledger, block_at)
         print("READY", flush=True)
-        state = await app.ainvoke({"log": [], "messages": []} if mode == "run" else None, THREAD)
+        state = await app.ainvoke({"log": [], "messages": []} if mode == "run" else None, THREAD,
+                                  durability="sync")  # each super-step stored before the next
         print("DONE " + json.dumps({"log": state["log"],
                                     "messages": [m.id for m in state["messages"]]}), flush=True)
     finally:

@@ -1,7 +1,9 @@
 """A LangGraph graph whose checkpoints TetherSaver keeps, its process SIGKILLed inside a node
 (R10, R13; issue 28), on SQLite and on PostgreSQL.
 
-The child (``_saver_graph_app.py``) runs a four-node graph and blocks inside the node the
+The child (``_saver_graph_app.py``) runs a four-node graph (``durability="sync"``: each
+super-step's checkpoint is stored before the next starts; LangGraph's default, "async", may
+still be writing it when the process dies, with any saver) and blocks inside the node the
 test names; the parent kills it there with SIGKILL and starts the graph again from its
 thread (``ainvoke(None, ...)``), as LangGraph resumes from any saver. The ledger counts what
 ran: the nodes before the kill ran once, the killed node once more (from its first line, as
