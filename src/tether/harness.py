@@ -23,7 +23,6 @@ from typing import Any, TypeVar, overload
 from tether import blobs, schedules
 from tether.agent import Agent
 from tether.bundle import dumps_bundle, export_bundle
-from tether.engine.admission import SlotsLetGo
 from tether.engine.calls import (
     DECISIONS,
     Decision,
@@ -136,7 +135,6 @@ class Harness:
         self.agents: dict[str, Agent] = {}
         self.tools: dict[str, Tool] = {}
         self.limits: dict[str, Limit] = {}
-        self.slots_let_go = SlotsLetGo()
         self.resource_kinds = ResourceKinds()
         self.runners: dict[str, Runner] = {}
         self.telemetry = Telemetry(tracer_provider)

@@ -57,11 +57,6 @@ class Settings:
     """On a graceful stop, how long tasks may take to finish the step they are in."""
     poll_interval: float = 0.2
     """How often a worker looks for work and for events sent by other processes."""
-    limit_wait_in_worker: float = 1.0
-    """Seconds a task held back by a limit may wait in the worker that holds it (for a slot
-    another task of this worker lets go, a message, or the limit's own time) before it parks
-    in the store to be woken and claimed again: a slot handed over within a worker costs a
-    retry of the admission instead of a release, a claim and a load. 0 parks at once."""
     recovery_backoff: float = 0.5
     """Base delay before re-running a call that gave up, doubled per recovery attempt."""
     defer_results_under: float = 0.05
@@ -105,10 +100,9 @@ class Settings:
                      "cache_ttl", "housekeeping_interval"):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"setting {name} must be positive")
-        if min(self.coalesce_window, self.recovery_backoff, self.defer_results_under,
-               self.limit_wait_in_worker) < 0:
-            raise ConfigurationError("coalesce_window, recovery_backoff, defer_results_under and"
-                                     " limit_wait_in_worker cannot be negative")
+        if min(self.coalesce_window, self.recovery_backoff, self.defer_results_under) < 0:
+            raise ConfigurationError(
+                "coalesce_window, recovery_backoff and defer_results_under cannot be negative")
         if any(keep is not None and keep < 0 for keep in self.retention().values()):
             raise ConfigurationError("retain_completed, retain_failed and retain_cancelled"
                                      " cannot be negative (None keeps tasks for ever)")

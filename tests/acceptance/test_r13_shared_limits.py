@@ -174,46 +174,6 @@ async def test_a_task_held_back_waits_in_the_store_and_says_why() -> None:
     await h.close()
 
 
-@pytest.mark.parametrize("wait_here", [1.0, 0.0])
-async def test_a_slot_let_go_in_the_same_worker_is_taken_without_parking(
-        wait_here: float) -> None:
-    """Issue 30: a task held back by a concurrency limit first waits in the worker holding
-    it (``limit_wait_in_worker``); a slot another task of that worker lets go is taken at
-    once, without parking the task in the store (a release, a wake, a claim and a load).
-    With 0 it parks at once, as before."""
-    h = tt.Harness("memory://", settings=fast_settings(limit_wait_in_worker=wait_here))
-    h.limit("provider", concurrency=1)
-    order: list[str] = []
-
-    @h.tool(limits=("provider",))
-    async def slow(ctx: tt.ToolContext) -> str:
-        order.append(ctx.task_id)
-        await asyncio.sleep(0.1)
-        return "done"
-
-    @h.agent("slow_one")
-    class SlowOne(tt.Agent):
-        async def plan(self, t: tt.TaskView) -> tt.Action:
-            return tt.Finish(t.last_tool_result) if t.last_tool_result else tt.ToolCall("slow", {})
-
-    tasks = [await h.submit("slow_one") for _ in range(2)]
-    parked: list[str | None] = []
-    real = h.store.set_status
-
-    async def watched(claim: Any, status: Any, reason: Any, wake_at: Any = None) -> None:
-        parked.append(reason)
-        await real(claim, status, reason, wake_at)
-
-    h.store.set_status = watched  # type: ignore[method-assign]
-    await h.run_until_idle(concurrency=2, timeout=30)
-    for task in tasks:
-        assert (await h.get(task)).record.status is tt.Status.COMPLETED
-    assert sorted(order) == sorted(tasks)
-    held = [r for r in parked if r and r.startswith("held back")]
-    assert (held == []) if wait_here else held, parked
-    await h.close()
-
-
 async def test_an_agent_s_plans_are_admitted_under_its_limits() -> None:
     h = tt.Harness("memory://", settings=fast_settings())
     h.limit("model", concurrency=1)

@@ -10,7 +10,6 @@ limits for everyone until its Retry-After.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -39,61 +38,17 @@ class HeldBack(Exception):
     """Internal: an agent's plan is held back by a limit; the runner parks the task."""
 
 
-class SlotsLetGo:
-    """Concurrency slots this process let go, as a signal a task of this process held back
-    by a limit waits on before it parks (``Settings.limit_wait_in_worker``). One per harness,
-    which may serve one event loop after another: the signal is made anew for each."""
-
-    def __init__(self) -> None:
-        self._next: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
-
-    def let_go(self) -> None:
-        if self._next is not None:
-            self._next[1].set()
-            self._next = None
-
-    def next(self) -> asyncio.Event:
-        """Set when the next slot is let go."""
-        loop = asyncio.get_running_loop()
-        if self._next is None or self._next[0] is not loop:
-            self._next = (loop, asyncio.Event())
-        return self._next[1]
-
-
 class Admission:
     """One runner's door to the shared limits."""
 
-    def __init__(self, store: LimitStore, limits: Mapping[str, Limit],
-                 let_go: SlotsLetGo | None = None) -> None:
+    def __init__(self, store: LimitStore, limits: Mapping[str, Limit]) -> None:
         self.store = store
         self.limits = limits
-        self.let_go = let_go or SlotsLetGo()
         self.held_back: LimitAnswer | None = None
         """Why and until when the task was last held back (the runner parks it)."""
         self._task_names: tuple[str, ...] = ()
         self.admitted_at: float | None = None
         """When the last admission was granted (the time its rate limits count it at)."""
-
-    async def wait_here(self, wake: asyncio.Event, left: float) -> float:
-        """Wait, holding the task's lease, until a slot another task of this process lets go,
-        *wake* (something stored for the task), or the time the last answer named, for at
-        most *left* seconds; returns the seconds waited. Within a worker a slot then changes
-        hands for one admission, not a park, a claim and a load; the store still serves the
-        waiters in their order (priority, then age)."""
-        answer = self.held_back
-        assert answer is not None, "wait_here() is asked only of a task held back"
-        started = time.monotonic()
-        due = max(0.0, (answer.retry_at or 0.0) - time.time())
-        signals = [asyncio.ensure_future(wake.wait()),
-                   asyncio.ensure_future(self.let_go.next().wait())]
-        try:
-            await asyncio.wait(signals, timeout=min(due, left),
-                               return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for signal in signals:
-                signal.cancel()
-        self.held_back = None
-        return time.monotonic() - started
 
     def parked(self) -> tuple[float, str]:
         """Until when and why the task held back waits (the runner parks it so)."""
@@ -138,7 +93,6 @@ class Admission:
                 await self.store.spend_limit(limit.name, key, holder, tokens)
             if limit.concurrency is not None:
                 await self.store.release_limit(limit.name, key, holder, time.time())
-                self.let_go.let_go()
 
     @contextlib.asynccontextmanager
     async def plan_slot(self, snap: Snapshot, fence: int, names: Sequence[str],

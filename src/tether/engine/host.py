@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from tether.agent import Agent
-from tether.engine.admission import SlotsLetGo
 from tether.engine.inbox import Inbox
 from tether.resources import ResourceKinds
 from tether.settings import Settings
@@ -37,10 +36,6 @@ class RunnerHost(Protocol):
 
     @property
     def limits(self) -> Mapping[str, Limit]: ...
-
-    @property
-    def slots_let_go(self) -> SlotsLetGo:
-        """Signalled when a task of this process lets a limit's slot go."""
 
     @property
     def resource_kinds(self) -> ResourceKinds: ...

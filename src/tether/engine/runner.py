@@ -103,9 +103,7 @@ class Runner:
         self.fired: set[str] = set()
         self._stopping = False
         self.preemptible = Preemptible()
-        self.admission = Admission(self.store, host.limits, host.slots_let_go)
-        self._waited_here = 0.0
-        """Seconds this task has waited in this worker for its limits since last admitted."""
+        self.admission = Admission(self.store, host.limits)
         self.urgency = int(Priority.P2)
         """The most urgent event applied while this runner held the task: a call it then
         makes goes before less urgent ones held back by the same limit."""
@@ -182,8 +180,6 @@ class Runner:
                 if self.admission.held_back is not None or not await self.admission.hold_task(
                         self.snap, self.claim.fence, root.task_limits if root else (),
                         self.urgency):
-                    if await self._waited_for_limits_here():
-                        continue
                     return await self.park(*self.admission.parked())
                 due = self._retry_due()
                 if due is not None and due - time.time() >= self.settings.lease_seconds:
@@ -192,22 +188,11 @@ class Runner:
                     await self.sleep_until(due)
                     continue
                 await self.step()
-                if self.admission.held_back is None:
-                    self._waited_here = 0.0  # admitted: a later hold may wait here again
         if self._stopping and self.snap.status is Status.RUNNING:
             self.log_recovery(Strategy.RELEASED, detail="the worker is shutting down; the task was"
                               " released cleanly at a step boundary (no recovery counted)")
         await self.flush()
         return self.snap.status
-
-    async def _waited_for_limits_here(self) -> bool:
-        """Held back by a limit: wait in this worker first, if its time allows (True: ask
-        again), else park in the store (False; :meth:`Admission.wait_here`)."""
-        left = self.settings.limit_wait_in_worker - self._waited_here
-        if self.admission.held_back is None or left <= 0 or self._stopping:
-            return False
-        self._waited_here += await self.admission.wait_here(self.wake, left)
-        return True
 
     async def restore(self) -> None:
         """Start a pending task (visible as running at once, R2) or recover a crashed one."""
