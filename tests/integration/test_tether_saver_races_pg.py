@@ -1,6 +1,6 @@
 """Attacks on TetherSaver (issue 28, R13) on a real PostgreSQL: a prune and a read each
-racing another process's put. Each was found by a review of the first version, failed then,
-and states what went wrong and what is required.
+racing another process's put, a copy racing another process's delete. Each failed on the
+first version and states what went wrong and what is required.
 
 Races are made deterministic by running the other saver's whole operation at a chosen point
 between two statements of the first one (``tether.store.postgres._execute`` wrapped), the
@@ -117,3 +117,28 @@ async def test_a_read_racing_a_keep_1_put_never_returns_a_checkpoint_without_val
     assert fired
     assert loaded is None or loaded.checkpoint["channel_values"].get("messages") in (
         ["a"], ["a", "b"]), loaded.checkpoint["channel_values"]
+
+
+async def test_a_copy_racing_a_prune_never_copies_a_checkpoint_without_its_values(
+        stores: tuple[Store, Store], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``copy_thread`` copies checkpoints, then blobs, then writes, in three statements. A
+    prune by another process committed between the first two (READ COMMITTED: each
+    statement its own snapshot) left the copy with checkpoints whose values it never
+    copied: the copied thread read back without its messages. Right: the three copies read
+    one snapshot (REPEATABLE READ), so the copy is the thread as it stood when it began."""
+    first, second = stores
+    writer = TetherSaver(first)
+    config = await put_list(writer, root_config(), ["a"], None)
+    await put_list(writer, config, ["a", "b"], None)
+
+    async def other_process_deletes_the_thread() -> None:
+        await TetherSaver(second).adelete_thread("t")
+
+    fired = run_between(monkeypatch, lambda s: s.sql == graph_steps.COPY_THREAD[0],
+                        other_process_deletes_the_thread)
+    await writer.acopy_thread("t", "copy")
+    assert fired
+    copied = await TetherSaver(first).aget_tuple(root_config("copy"))
+    assert copied is not None
+    assert copied.checkpoint["channel_values"].get("messages") == ["a", "b"], \
+        copied.checkpoint["channel_values"]

@@ -52,6 +52,11 @@ class SQLBackend(ABC):
     async def _read_snapshot(self, work: Steps[T]) -> T:
         """Run *work* in one read-only snapshot: every statement sees the same commits."""
 
+    async def _write_snapshot(self, work: Steps[T]) -> T:
+        """Run *work* in one write transaction whose reads all see one snapshot (SQLite's
+        write transactions already do: one writer at a time)."""
+        return await self._write(work)
+
     # ------------------------------------------------------------------ the worker's writes
 
     async def create_task(self, record: TaskRecord, head: bytes, wake_at: float | None = None,
@@ -102,7 +107,9 @@ class SQLBackend(ABC):
         await self._write(graph_steps.delete_runs(run_ids))
 
     async def graph_copy_thread(self, source: str, target: str) -> None:
-        await self._write(graph_steps.copy_thread(source, target))
+        """Its three copies read one snapshot: a prune committed between them must not
+        leave the copy with checkpoints whose values it did not copy."""
+        await self._write_snapshot(graph_steps.copy_thread(source, target))
 
     async def graph_prune(self, thread_ids: Sequence[str], keep: int) -> None:
         await self._write(graph_steps.prune(thread_ids, keep))

@@ -223,6 +223,12 @@ class PostgresStore(SQLBackend):
         except psycopg.Error as exc:
             raise await self._fault(exc) from exc
 
+    async def _write_snapshot(self, work: Steps[T]) -> T:
+        """A REPEATABLE READ write transaction: every statement reads one snapshot."""
+        async with self._tx() as conn:
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            return await self._run(conn, work)
+
     async def _write_alone(self, work: Steps[T]) -> T:
         async with self._tx() as conn:
             await conn.execute("LOCK TABLE snapshots IN SHARE MODE")  # commits wait
