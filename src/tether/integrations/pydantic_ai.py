@@ -660,11 +660,12 @@ class Dialog:
             lead.append({"kind": "request", "parts": [
                 {"part_kind": "user-prompt", "content": self.opening}]})
         recorded, self.recorded = self.recorded, None
-        if recorded is not None and source is not None and source is recorded[0]:
-            added = list(recorded[1])
-        else:
-            added, lead = ModelMessagesTypeAdapter.validate_python([*lead, *raw]), []
-        self.done += [*ModelMessagesTypeAdapter.validate_python(lead), *added] if lead else added
+        if recorded is None or source is None or source is not recorded[0]:
+            self.done += ModelMessagesTypeAdapter.validate_python([*lead, *raw])
+            return
+        if lead:
+            self.done += ModelMessagesTypeAdapter.validate_python(lead)
+        self.done += recorded[1]
 
 
 def _parts(row: dialog.DialogRow, calls: Mapping[str, tuple[str, str, bool]],

@@ -134,15 +134,14 @@ class TetherSaver(BaseCheckpointSaver[str]):
                     channel in values) for channel, v in new_versions.items()]
         try:
             kept = await store.graph_put(row, self._blobs(thread_id, namespace, changed),
-                                         time.time())
+                                         time.time(), self.keep)
         except GraphBaseGone:  # pruned by another process meanwhile: store the values whole
             self._forget(thread_id)
             kept = await store.graph_put(
-                row, self._blobs(thread_id, namespace, changed, whole=True), time.time())
+                row, self._blobs(thread_id, namespace, changed, whole=True), time.time(),
+                self.keep)
         for channel in kept:  # stored before, maybe otherwise: extend nothing from memory
             self._lists.pop((thread_id, namespace, channel), None)
-        if self.keep is not None:
-            await store.graph_prune([thread_id], self.keep)
         return {"configurable": {"thread_id": thread_id, "checkpoint_ns": namespace,
                                  "checkpoint_id": checkpoint["id"]}}
 

@@ -88,8 +88,8 @@ class SQLBackend(ABC):
     # ------------------------------------------------------------------ LangGraph checkpoints
 
     async def graph_put(self, checkpoint: GraphCheckpoint, blobs: Sequence[GraphBlob],
-                        now: float) -> set[str]:
-        return await self._write(graph_steps.put(checkpoint, blobs, now))
+                        now: float, keep: int | None = None) -> set[str]:
+        return await self._write(graph_steps.put(checkpoint, blobs, now, keep))
 
     async def graph_put_writes(self, thread_id: str, namespace: str, checkpoint_id: str,
                                writes: Sequence[GraphWrite]) -> None:

@@ -83,11 +83,13 @@ class GraphCheckpointStore(Protocol):
     """The store's LangGraph part. All methods are coroutines."""
 
     async def graph_put(self, checkpoint: GraphCheckpoint, blobs: Sequence[GraphBlob],
-                        now: float) -> set[str]:
-        """Store *checkpoint* (its writes ignored) and the blobs of the channels it changed;
-        returns the channels whose blob at that version was stored already (a version names
-        one value: the stored blob is kept as it was). :class:`GraphBaseGone` if a blob adds
-        to a version that is not there (nothing written)."""
+                        now: float, keep: int | None = None) -> set[str]:
+        """Store *checkpoint* (its writes ignored) and the blobs of the channels it changed,
+        and with *keep*, prune its namespace to the newest *keep* checkpoints (as
+        :meth:`graph_prune`) in the same transaction; returns the channels whose blob at that
+        version was stored already (a version names one value: the stored blob is kept as it
+        was). :class:`GraphBaseGone` if a blob adds to a version that is not there (nothing
+        written)."""
 
     async def graph_put_writes(self, thread_id: str, namespace: str, checkpoint_id: str,
                                writes: Sequence[GraphWrite]) -> None:

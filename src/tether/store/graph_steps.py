@@ -68,10 +68,11 @@ COPY_THREAD = (
     " ON CONFLICT DO NOTHING")
 
 
-def put(checkpoint: GraphCheckpoint, blobs: Sequence[GraphBlob], now: float
-        ) -> Steps[set[str]]:
-    """The checkpoint and its blobs; returns the channels whose version was stored already
-    (kept as it was). A blob adding to a base is written only if the base is there, held
+def put(checkpoint: GraphCheckpoint, blobs: Sequence[GraphBlob], now: float,
+        keep: int | None = None) -> Steps[set[str]]:
+    """The checkpoint and its blobs, and with *keep* the namespace pruned to that many
+    checkpoints, in the same transaction; returns the channels whose version was stored
+    already (kept as it was). A blob adding to a base is written only if the base is there, held
     (PostgreSQL: locked, in the order :func:`_collect_blobs` locks) until the transaction
     ends, so a prune cannot drop it meanwhile."""
     c = checkpoint
@@ -88,6 +89,8 @@ def put(checkpoint: GraphCheckpoint, blobs: Sequence[GraphBlob], now: float
         if not (yield change(PUT_BLOB, c.thread_id, c.namespace, b.channel, b.version, b.root,
                              b.base, b.keep, b.value[0], b.value[1])):
             kept.add(b.channel)
+    if keep is not None:
+        yield from _prune_namespace(c.thread_id, c.namespace, keep)
     return kept
 
 
@@ -135,10 +138,10 @@ def _whole(row: Row) -> Steps[GraphCheckpoint]:
     writes = yield every(WRITES_OF, thread_id, namespace, row["checkpoint_id"])
     blobs: dict[tuple[str, str], GraphBlob] = {}
     for channel, version in versions.items():
-        at = yield every(BLOB_AT, thread_id, namespace, channel, version)
-        if not at:
+        at = yield one(BLOB_AT, thread_id, namespace, channel, version)
+        if at is None:
             continue
-        blob = _blob(at[0])
+        blob = _blob(at)
         blobs[(channel, version)] = blob
         if blob.base is not None:
             chain = yield every(CHAIN, thread_id, namespace, channel, blob.root)
@@ -184,11 +187,15 @@ def prune(thread_ids: Sequence[str], keep: int) -> Steps[None]:
     for thread_id in thread_ids:
         namespaces = yield every(NAMESPACES, thread_id)
         for namespace in sorted(row["checkpoint_ns"] for row in namespaces):
-            newest = yield every(NEWEST_FIRST, thread_id, namespace)
-            for row in newest[max(keep, 0):]:
-                yield change(DROP_WRITES_OF, thread_id, namespace, row["checkpoint_id"])
-                yield change(DROP_CHECKPOINT, thread_id, namespace, row["checkpoint_id"])
-            yield from _collect_blobs(thread_id, namespace)
+            yield from _prune_namespace(thread_id, namespace, keep)
+
+
+def _prune_namespace(thread_id: str, namespace: str, keep: int) -> Steps[None]:
+    newest = yield every(NEWEST_FIRST, thread_id, namespace)
+    for row in newest[max(keep, 0):]:
+        yield change(DROP_WRITES_OF, thread_id, namespace, row["checkpoint_id"])
+        yield change(DROP_CHECKPOINT, thread_id, namespace, row["checkpoint_id"])
+    yield from _collect_blobs(thread_id, namespace)
 
 
 def _collect_blobs(thread_id: str, namespace: str) -> Steps[None]:

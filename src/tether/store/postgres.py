@@ -215,18 +215,15 @@ class PostgresStore(SQLBackend):
 
     async def _read_snapshot(self, work: Steps[T]) -> T:
         """A read-only REPEATABLE READ transaction: one snapshot for every statement."""
-        await self._open()
-        try:
-            async with self._pool.connection() as conn, conn.transaction():
-                await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                return await self._run(conn, work)
-        except psycopg.Error as exc:
-            raise await self._fault(exc) from exc
+        return await self._repeatable(work, " READ ONLY")
 
     async def _write_snapshot(self, work: Steps[T]) -> T:
         """A REPEATABLE READ write transaction: every statement reads one snapshot."""
+        return await self._repeatable(work)
+
+    async def _repeatable(self, work: Steps[T], mode: str = "") -> T:
         async with self._tx() as conn:
-            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            await conn.execute(f"SET TRANSACTION ISOLATION LEVEL REPEATABLE READ{mode}")
             return await self._run(conn, work)
 
     async def _write_alone(self, work: Steps[T]) -> T:

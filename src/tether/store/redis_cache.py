@@ -344,17 +344,20 @@ class CachedStore:
     async def commit(self, claim: Claim, checkpoint: Checkpoint, keep: int, lease_until: float) -> int:
         self._claimed.pop(claim.task_id, None)
         version = await self.inner.commit(claim, checkpoint, keep, lease_until)
-        if claim.created_at is not None:  # after it is durable
-            await self._put(claim.task_id, (claim.created_at, version), checkpoint.head)
+        await self._committed(claim, version, checkpoint.head)
         return version
 
     async def commit_reading(self, claim: Claim, checkpoint: Checkpoint, keep: int,
                              lease_until: float) -> tuple[int, list[StoredEvent] | None]:
         self._claimed.pop(claim.task_id, None)
         version, pending = await self.inner.commit_reading(claim, checkpoint, keep, lease_until)
-        if claim.created_at is not None:  # after it is durable
-            await self._put(claim.task_id, (claim.created_at, version), checkpoint.head)
+        await self._committed(claim, version, checkpoint.head)
         return version, pending
+
+    async def _committed(self, claim: Claim, version: int, head: bytes) -> None:
+        """The head just made durable, cached under the claim's incarnation."""
+        if claim.created_at is not None:
+            await self._put(claim.task_id, (claim.created_at, version), head)
 
     async def create_task(self, record: TaskRecord, head: bytes, wake_at: float | None = None,
                           blobs: Mapping[str, bytes] | None = None) -> None:
