@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -120,7 +121,24 @@ async def test_e6_two_workers_looking_at_the_same_moment_fire_the_timer_once(db_
     await second.close()
 
 
-def deadline_app(db_url: str, planning: asyncio.Event | None = None) -> tt.Harness:
+class HeldClock:
+    """The wall clock (``time.time``) held still until :meth:`let_go`, so that a deadline a
+    fraction of a second away cannot pass before the task reaches the point a test is about,
+    however loaded the machine is; asyncio's own clock keeps running."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.real = time.time
+        self.held_at: float | None = self.real()
+        monkeypatch.setattr(time, "time", self.now)
+
+    def now(self) -> float:
+        return self.real() if self.held_at is None else self.held_at
+
+    def let_go(self) -> None:
+        self.held_at = None
+
+
+def deadline_app(db_url: str, on_plan: Callable[[], None] | None = None) -> tt.Harness:
     h = tt.Harness(db_url, settings=SETTINGS)
 
     @h.agent("waits")
@@ -134,23 +152,26 @@ def deadline_app(db_url: str, planning: asyncio.Event | None = None) -> tt.Harne
     @h.agent("thinks")
     class Thinks(tt.Agent):
         async def plan(self, t: tt.TaskView) -> tt.Action:
-            if planning is not None:
-                planning.set()
+            if on_plan is not None:
+                on_plan()
             await asyncio.sleep(60)  # a model call that will not finish in time
             return tt.Finish("never")
 
     return h
 
 
-async def test_e6_a_deadline_that_passed_while_waiting_fails_the_task_once(db_url: str) -> None:
+async def test_e6_a_deadline_that_passed_while_waiting_fails_the_task_once(
+        db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """E6, R3: ``submit(deadline=)``: a task still waiting at its deadline gets one
     ``task_timeout`` (P0) and fails, naming the deadline; a person can still resume it."""
+    clock = HeldClock(monkeypatch)
     async with deadline_app(db_url) as h:
         tid = await h.submit("waits", deadline=0.3)
         await h.run_until_idle(timeout=5)
         record = await h.store.get_task(tid)
         assert record.status is Status.WAITING and record.wake_at is not None
-    await asyncio.sleep(0.5)
+    clock.let_go()
+    await asyncio.sleep(max(0.0, record.wake_at - time.time()) + 0.05)
     async with deadline_app(db_url) as h:
         await h.run_until_idle(timeout=5)
         info = await h.get(tid)
@@ -169,15 +190,17 @@ async def test_e6_a_deadline_that_passed_while_waiting_fails_the_task_once(db_ur
         assert len(await events_of(h, tid, "task_timeout")) == 1
 
 
-async def test_e6_a_deadline_cuts_off_a_model_call_in_flight(db_url: str) -> None:
+async def test_e6_a_deadline_cuts_off_a_model_call_in_flight(
+        db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """E6: the deadline falls due during a long plan() call: it is cancelled at once (as a P0
-    would) and the task fails; the worker does not wait for the call to come back."""
-    planning = asyncio.Event()
-    async with deadline_app(db_url, planning) as h:
+    would) and the task fails; the worker does not wait for the call to come back. The wall
+    clock is held until the call starts, so the deadline always falls due inside it."""
+    clock = HeldClock(monkeypatch)
+    async with deadline_app(db_url, on_plan=clock.let_go) as h:
         tid = await h.submit("thinks", deadline=timedelta(seconds=0.3))
         started = time.monotonic()
-        await h.run_until_idle(timeout=10)
-        assert planning.is_set() and time.monotonic() - started < 10
+        await h.run_until_idle(timeout=30)
+        assert clock.held_at is None and time.monotonic() - started < 30
         info = await h.get(tid)
         assert info.record.status is Status.FAILED, info.record.reason
         assert "deadline" in (info.snapshot.error or "")

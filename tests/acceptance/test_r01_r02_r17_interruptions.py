@@ -484,3 +484,55 @@ async def test_r15_p1_handled_by_tool_call_during_retry_backoff_runs_that_call_w
     fetch_record = next(r for r in records.values() if r.tool == "fetch")
     assert fetch_record.result == "fetched https://example.com"
     assert info.record.status is tt.Status.COMPLETED, info.record.reason
+
+
+async def test_r04_e1_a_p0_stored_after_the_inbox_read_stops_the_model_call_before_it_starts(
+        harness, monkeypatch):
+    """R4, E1: a P0 that arrives after the loop read its inbox but before the model call
+    starts finds no work to cancel; it must still stop that call before it starts, not wait
+    for the whole call to come back (the P0 here is stored at exactly that point)."""
+    from tether.engine.runner import Runner
+
+    long_calls: list[int] = []
+    original_step = Runner.step
+
+    async def step_after_a_p0(runner: Runner) -> None:
+        if runner.snap.task_id == tid and not interrupted:
+            interrupted.append(True)
+            await harness.emit(tt.Event("user_interrupt", tid, {"n": 7}))
+        await original_step(runner)
+
+    interrupted: list[bool] = []
+    monkeypatch.setattr(Runner, "step", step_after_a_p0)
+
+    @harness.tool
+    async def parse(ctx: tt.ToolContext, n: int) -> int:
+        return n
+
+    @harness.agent("slow_model")
+    class SlowModel(tt.Agent):
+        async def plan(self, task):
+            if task.child_result is not None:
+                return tt.Finish({"child": task.child_result})
+            long_calls.append(task.step)
+            await asyncio.sleep(60)  # a model call that would take a minute
+            return tt.Finish("too slow")
+
+        async def on_event(self, task, event):
+            if event.type == "user_interrupt":
+                return tt.Spawn("reparse_one", {"n": event.payload["n"]})
+            return None
+
+    @harness.agent("reparse_one")
+    class ReparseOne(tt.Agent):
+        async def plan(self, task):
+            if task.last_tool_result is None:
+                return tt.ToolCall("parse", {"n": task.input["n"]})
+            return tt.Finish(task.last_tool_result)
+
+    tid = await harness.submit("slow_model")
+    await harness.run_until_idle(timeout=10)
+    info = await harness.get(tid)
+    assert interrupted and long_calls == []
+    assert info.record.status is tt.Status.COMPLETED
+    assert info.snapshot.result == {"child": 7}

@@ -9,6 +9,7 @@ the worker itself (shutdown) is still told apart from a preemption.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -27,9 +28,19 @@ class Preemptible:
     def __init__(self) -> None:
         self._work: asyncio.Future[Any] | None = None
         self._preempting = False
+        self._cut_unspent = False
 
     async def run(self, work: Awaitable[T], keep_partial: Callable[[str], None]) -> T:
-        """Run *work*; a cut-off model answer's partial text goes to *keep_partial*."""
+        """Run *work*; a cut-off model answer's partial text goes to *keep_partial*.
+
+        A cut that came since the runner last looked (:meth:`looked`) and found no work in
+        flight stops this work before it starts: otherwise a P0 or a deadline falling due
+        between the inbox read and the model call would wait for the whole call."""
+        if self._cut_unspent:
+            self._cut_unspent = False
+            if inspect.iscoroutine(work):
+                work.close()
+            raise Preempted
         future: asyncio.Future[T] = asyncio.ensure_future(work)
         self._work = future
         try:
@@ -49,7 +60,14 @@ class Preemptible:
             self._preempting = False
 
     def cut(self) -> None:
-        """Cancel the work in flight now (nothing happens if there is none)."""
+        """Cancel the work in flight now, or the next work before it starts if none is."""
         if self._work is not None and not self._work.done():
             self._preempting = True
             self._work.cancel()
+        else:
+            self._cut_unspent = True
+
+    def looked(self) -> None:
+        """The runner is about to read its inbox and clock: a cut made before now is answered
+        by what it reads, so it no longer stops the next work."""
+        self._cut_unspent = False

@@ -173,6 +173,7 @@ class Runner:
         root = self.host.agents.get(self.snap.agent)
         with timers.deadline_alarm(self.snap.deadline_at, self.notify):
             while not self._stopping:
+                self.preemptible.looked()
                 await timers.fire_due(self)
                 await self.tick()
                 if self.snap.status is not Status.RUNNING:
