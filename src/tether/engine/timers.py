@@ -128,18 +128,17 @@ def deadline_alarm(deadline: float | None, preempt: Callable[[int], None]) -> It
     loop = asyncio.get_running_loop()
 
     def ring() -> None:
-        nonlocal handle
         left = deadline - time.time()
         if left > 0:  # the event loop's clock ran ahead of the wall clock the deadline is on
-            handle = loop.call_later(left, ring)
+            alarm[0] = loop.call_later(left, ring)
         else:
             preempt(0)
 
-    handle = loop.call_later(max(0.0, deadline - time.time()), ring)
+    alarm = [loop.call_later(max(0.0, deadline - time.time()), ring)]
     try:
         yield
     finally:
-        handle.cancel()
+        alarm[0].cancel()
 
 
 async def fire_due(task: RunningTask) -> None:
