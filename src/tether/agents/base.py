@@ -31,7 +31,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from tether.agent import Agent, CutOff, DialogPosition, TaskView
 from tether.agents.model_calls import RetryPolicy, with_retries
@@ -70,6 +70,10 @@ class ModelAgent(Agent):
     """The base of every model agent (see the module docstring)."""
 
     commit_plans = True
+    person_may: ClassVar[frozenset[str]] = frozenset()
+    """What a person's approval may carry beside yes or no, for frameworks that can apply
+    it: ``"args"`` (the call's arguments, edited) and ``"respond"`` (an answer given in the
+    tool's place). A decision carrying anything else is never run as if approved as is."""
 
     def __init__(self, *, retry: RetryPolicy | None, stream: bool | None, version: str) -> None:
         self.retry = retry or RetryPolicy()
@@ -162,7 +166,7 @@ class ModelAgent(Agent):
 
     async def prepare(self, task: TaskView, action: Action) -> Action:
         """A call that waited for approval carries the person's answer when it runs."""
-        return with_approval(action, task)
+        return with_approval(action, task, self.person_may)
 
 
 def framework_tool(name: str, run: Callable[..., Awaitable[Any]], policy: ToolPolicy,
@@ -180,12 +184,15 @@ def approval_wait(timeout: float | None) -> Wait:
     return Wait("approval", timeout=timeout)
 
 
-def with_approval(action: Action, task: TaskView) -> Action:
+def with_approval(action: Action, task: TaskView,
+                  person_may: frozenset[str] = frozenset()) -> Action:
     """A call that waited for approval, carrying the answer: the payload of the ``approval``
     event that ended the wait (``true``/``false``, or ``{"approved": ..., "reason": ...}``,
     with ``"args": {...}`` for a person who edited the call's arguments, or ``"respond":
-    "..."`` for one who answered in the tool's place, for adapters whose framework lets a
-    person do so); a wait that timed out is a denial."""
+    "..."`` for one who answered in the tool's place, where *person_may* names them); a
+    wait that timed out is a denial. An edit or an answer the agent cannot apply is a
+    denial that says so: the call is never run as the model asked when the person asked
+    for something else."""
     if not isinstance(action, ToolCall) or action.args.get("approval") != PENDING:
         return action
     event = dict(task.last_event or {})
@@ -195,10 +202,21 @@ def with_approval(action: Action, task: TaskView) -> Action:
     elif isinstance(payload, dict):
         decision = {"approved": payload.get("approved") is True,  # "false" approves nothing
                     "reason": payload.get("reason")}
-        decision.update({k: payload[k] for k in ("args", "respond") if k in payload})
+        changes = [k for k in PERSON_CHANGES if k in payload]
+        if any(k not in person_may for k in changes):
+            decision = {"approved": False, "reason": CANNOT_APPLY}
+        else:
+            decision.update({k: payload[k] for k in changes})
     else:
         decision = {"approved": payload is True, "reason": None}
     return ToolCall(action.name, {**action.args, "approval": decision})
+
+
+PERSON_CHANGES = ("args", "respond")
+"""What an approval may carry beside yes or no (see :attr:`ModelAgent.person_may`)."""
+CANNOT_APPLY = ("The call was not run: the person's decision edited its arguments or answered"
+                " in its place, which this agent cannot apply; it must be approved or"
+                " rejected as it is.")
 
 
 def hook_takes_call(tool: str, hook: ReconcileFn, schema: Mapping[str, Any],

@@ -106,6 +106,7 @@ class LangChainAgent(ModelAgent):
     callbacks, ``configurable``); *approval_timeout* bounds a wait for a person (None: none)."""
 
     input_required = True
+    person_may = frozenset({"args", "respond"})  # as the middleware's allowed_decisions say
 
     def __init__(self, agent: CompiledStateGraph[Any, Any, Any, Any], *,
                  tools: Mapping[str, ToolPolicy] | None = None, context: Any = None,

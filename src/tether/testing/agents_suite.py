@@ -245,6 +245,28 @@ class AgentConformance:
             [result] = tool_results(s.fake.requests[1])
             assert (result == refunded("A1", 5)) if paid else ("not that order" in result), result
 
+    async def test_r26_an_edited_approval_is_applied_as_edited_or_not_at_all(
+            self, case: AdapterCase, tmp_path: Path) -> None:
+        """R26, R10: a person approves the refund with edited arguments (1 dollar, not the
+        5 the model asked). An adapter whose framework applies edits pays the edited call;
+        one that cannot pays nothing and tells the model the call was not run. No adapter
+        pays the call as the model asked it: that is not what the person approved."""
+        case.require("approvals")
+        script = [reply(tool_calls=[REFUND]), reply("Done.")]
+        async with scene(case, tmp_path, script, needs_approval=True) as s:
+            info = await s.run()
+            assert info.record.status is tt.Status.WAITING, info.record.reason
+            await s.h.emit(tt.Event("approval", TASK, {
+                "approved": True, "args": {"order": "A1", "amount": 1}}))
+            info = await s.run()
+            assert info.record.status is tt.Status.COMPLETED, info.record.reason
+            [result] = tool_results(s.fake.requests[1])
+            paid = s.shop.ledger.count("refund")
+            if paid:
+                assert (paid, result) == (1, refunded("A1", 1)), result
+            else:
+                assert "not run" in result and "approved or rejected as it is" in result, result
+
     # ------------------------------------------------------------------ reconcile (property 6)
 
     @pytest.mark.parametrize("shape", ["none_never_happened", "a_plain_value_is_the_result"])
