@@ -112,8 +112,10 @@ async def run_tether(probe: Probe, sizes: Sequence[int], mode: str
     import tether as tt
     from tether.integrations.adk import ADKAgent
 
+    framework = build_agent(probe)  # once per process, as the plain run does
+
     def agent() -> ADKAgent:
-        return ADKAgent(build_agent(probe), tools={"work": tt.ToolPolicy(idempotent=True)})
+        return ADKAgent(framework, tools={"work": tt.ToolPolicy(idempotent=True)})
 
     return await run_each(probe, sizes, mode, tether_session(mode, LEASE, PROMPT, agent))
 
@@ -135,7 +137,7 @@ def markdown(runs: Timed, found: Killed, sizes: Sequence[int], rounds: int, seco
         " by N; overhead is that minus the plain run of the same round. Median of"
         f" {rounds} interleaved round{'s' if rounds != 1 else ''} (with more than one, their"
         " range in brackets); each system's round its own process, running each N in turn in a"
-        " fresh store or session (`bench/adk_durable.py`).", "",
+        " fresh store or session, the agent built once per process (`bench/adk_durable.py`).", "",
         *BENCH.tables(runs, found, sizes, "Issue 27's target, for ADK", PACKAGES, seconds),
     ])
 

@@ -136,8 +136,11 @@ async def run_each(probe: Probe, sizes: Sequence[int], mode: str, session: Sessi
 
 
 def tether_session(mode: str, lease: float, prompt: str, agent: Callable[[], Any]) -> Session:
-    """tether's run of the agent *agent* makes: a harness of its own per run, default settings
-    (a *lease* this short where a process is killed, so the restarted one waits out only that);
+    """tether's run of the agent *agent* makes: a harness of its own per run (so the bytes it
+    keeps can be counted), default settings (a *lease* this short where a process is killed,
+    so the restarted one waits out only that). *agent* wraps a framework agent built once per
+    process, as the plain run and the peers build theirs: a fresh one per run would charge
+    tether with the framework's own first-run costs;
     the clock runs from submit until the task's result is read, and a run resumed after a
     kill continues the task the killed process left."""
     import tether as tt

@@ -115,9 +115,10 @@ async def run_tether(probe: Probe, sizes: Sequence[int], mode: str
     import tether as tt
     from tether.integrations.langchain import LangChainAgent
 
+    framework = build_agent(probe)  # once per process, as the plain run does
+
     def agent() -> LangChainAgent:
-        return LangChainAgent(build_agent(probe),
-                                  tools={"work": tt.ToolPolicy(idempotent=True)})
+        return LangChainAgent(framework, tools={"work": tt.ToolPolicy(idempotent=True)})
 
     return await run_each(probe, sizes, mode, tether_session(mode, LEASE, PROMPT, agent))
 
@@ -196,7 +197,9 @@ def markdown(runs: Timed, found: Killed, sizes: Sequence[int], rounds: int, seco
         " N; overhead is that minus the plain run of the same round. Median of"
         f" {rounds} interleaved round{'s' if rounds != 1 else ''} (with more than one, their"
         " range in brackets); each system's round its own process, running each N in turn in a"
-        " fresh store (`bench/langchain_durable.py`).", "",
+        " fresh store; plain and tether build the agent once per process (a checkpointer is"
+        " compiled into its graph, so the savers' runs build theirs per store)"
+        " (`bench/langchain_durable.py`).", "",
         *BENCH.tables(runs, found, sizes, "Issue 28's target (as issue 27's)", PACKAGES, seconds),
     ])
 

@@ -162,9 +162,11 @@ async def run_tether(probe: Probe, sizes: Sequence[int], mode: str
     import tether as tt
     from tether.integrations.openai_agents import OpenAIAgentsAgent
 
+    framework = build_agent(probe, "tether")  # once per process, as the plain run does
+
     def agent() -> OpenAIAgentsAgent:
-        return OpenAIAgentsAgent(build_agent(probe, "tether"), stream=False, run_config=run_config(),
-                                     tools={"work": tt.ToolPolicy(idempotent=True)})
+        return OpenAIAgentsAgent(framework, stream=False, run_config=run_config(),
+                                 tools={"work": tt.ToolPolicy(idempotent=True)})
 
     return await profiled(probe, sizes, mode, tether_session(mode, LEASE, PROMPT, agent))
 
@@ -431,7 +433,8 @@ def markdown(runs: Timed, found: Killed, sizes: Sequence[int], rounds: int, seco
         " Whole run after a warm-up run, divided by N; overhead is that minus the plain run of"
         f" the same round. Median of {rounds} interleaved round{'s' if rounds != 1 else ''}"
         " (with more than one, their range in brackets); each system's round its own process,"
-        " running each N in turn in a fresh store or workflow (`bench/openai_agents_durable.py`)."
+        " running each N in turn in a fresh store or workflow, the agent built once per process"
+        " (`bench/openai_agents_durable.py`)."
         " Temporal's integration for the SDK is not measured: it needs a Temporal server.",
         "", *missing,
         *BENCH.tables(runs, found, sizes, "Issue 27's target", PACKAGES, seconds),

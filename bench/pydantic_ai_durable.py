@@ -31,7 +31,9 @@ Two figures, the runs in processes of their own (``--child``), as compare.py doe
    Per-run fixed costs (starting the task or workflow, finishing it) are in it, which is
    why it reads higher at small N; setting a system up is not (tether's store file is
    opened and its schema made before the clock, as DBOS is launched before its runs: both
-   happen once per process in real use). Ratios only: the machine is shared and noisy.
+   happen once per process in real use). Every system builds the PydanticAI agent once per
+   process and runs it again in each run, as an application does. Ratios only: the machine
+   is shared and noisy.
 2. **Completions after a kill**: each system's child SIGKILLs itself inside the k-th tool
    call (k = N/2; a hook in the tool fires while a marker file exists), after the call's
    work but before its result is returned. The parent removes the marker and starts the
@@ -142,9 +144,11 @@ async def run_tether(probe: Probe, sizes: Sequence[int], mode: str
     import tether as tt
     from tether.integrations.pydantic_ai import PydanticAIAgent
 
+    framework = build_agent(probe, "tether")  # once per process, as plain and DBOS do
+
     def agent() -> PydanticAIAgent:
-        return PydanticAIAgent(build_agent(probe, "tether"), stream=False,
-                                   tools={"work": tt.ToolPolicy(idempotent=True)})
+        return PydanticAIAgent(framework, stream=False,
+                               tools={"work": tt.ToolPolicy(idempotent=True)})
 
     return await run_each(probe, sizes, mode, tether_session(mode, LEASE, PROMPT, agent))
 
@@ -200,7 +204,7 @@ def markdown(runs: Timed, found: Killed, sizes: Sequence[int], rounds: int, seco
         " overhead is that minus the plain run of the same round. Median of"
         f" {rounds} interleaved round{'s' if rounds != 1 else ''} (with more than one, their"
         " range in brackets); each system's round its own process, running each N in turn in a"
-        " fresh store or workflow (`bench/pydantic_ai_durable.py`).", "",
+        " fresh store or workflow, the agent built once per process (`bench/pydantic_ai_durable.py`).", "",
         *BENCH.tables(runs, found, sizes, "Issue 27's target", PACKAGES, seconds),
     ])
 
