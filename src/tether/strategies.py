@@ -50,6 +50,9 @@ class Strategy(enum.StrEnum):
     REPLAN_REFUSED = "replan_refused"
     WAIT_VALIDATED = "wait_validated"
     WAIT_TIMEOUT = "wait_timeout"
+    STALE_ANSWER_IGNORED = "stale_answer_ignored"
+    """An event named the wait it answers, and the task no longer holds that wait (it moved
+    on, or waits for another call): the answer was not applied to what it was not about."""
     TASK_TIMEOUT = "task_timeout"
     DEGRADE = "degrade"
     RECOVER = "recover"

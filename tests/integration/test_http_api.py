@@ -240,6 +240,13 @@ def csrf_of(html: str) -> str:
     return found.group(1)
 
 
+def approve_form(html: str) -> dict[str, str]:
+    """What the page's approve button posts: the form's token and the wait it shows."""
+    found = re.search(r'name="wait" value="([^"]*)"', html)
+    assert found, html[:400]
+    return {"csrf": csrf_of(html), "wait": found.group(1)}
+
+
 async def test_r26_the_console_lists_shows_and_steers_tasks_for_an_operator(api) -> None:  # type: ignore[no-untyped-def]
     client, harness = api
     origin = {"Origin": str(client.base_url).rstrip("/")}
@@ -360,7 +367,7 @@ async def test_r26_the_console_timeline_gives_times_durations_and_marks_rollback
     for name in ("t1", "clean"):
         page = await client.get(f"/console/tasks/{name}")
         sent = await client.post(f"/console/tasks/{name}/approve", headers=origin,
-                                 data={"csrf": csrf_of(page.text)})
+                                 data=approve_form(page.text))
         assert sent.status_code == 303
         await settled(harness, name, tt.Status.COMPLETED)
     page = await client.get("/console/tasks/t1")
@@ -501,12 +508,12 @@ async def test_r26_the_console_sends_events_with_a_validated_json_payload(
     assert (await harness.get("t1")).snapshot.result == {"ok": True}
 
     page = (await client.get("/console/tasks/t2")).text
-    await client.post("/console/tasks/t2/approve", headers=origin, data={"csrf": csrf_of(page)})
+    await client.post("/console/tasks/t2/approve", headers=origin, data=approve_form(page))
     await settled(harness, "t2", tt.Status.COMPLETED)
     result = (await harness.get("t2")).snapshot.result
     assert result["approved"] is True and result["by"].startswith("console:")
     again = await client.post("/console/tasks/t2/approve", headers=origin,
-                              data={"csrf": csrf_of(page)})
+                              data=approve_form(page))
     assert again.status_code == 303
     assert "not waiting for an event" in (await client.get("/console/tasks/t2")).text
 
@@ -710,9 +717,41 @@ async def test_r26_a_named_token_is_who_pulls_the_lever_over_the_api_and_in_the_
                           data={"token": OPERATOR, "csrf": csrf_of(login.text)})
         page = (await client.get("/console/tasks/n2")).text
         await client.post("/console/tasks/n2/approve", headers=origin,
-                          data={"csrf": csrf_of(page)})
+                          data=approve_form(page))
     await harness.run_until_idle(timeout=5)
     assert (await harness.get("n2")).snapshot.result["by"] == "console:alice"
     log = await harness.reads.recovery_log("n1")
     assert any("api:alice" in (r.get("detail") or "") for r in log), log
     await harness.close()
+
+
+async def test_r26_the_console_approves_only_the_wait_its_page_showed(
+        api: tuple[httpx.AsyncClient, tt.Harness]) -> None:
+    """R26, R16: a page shows a task waiting; before the person clicks approve, the task is
+    rolled back and waits again (a new wait, for what may be another call). The old page's
+    approve is refused, saying the task moved on, and sends nothing; the reloaded page's is
+    applied, naming the wait it showed."""
+    client, harness = api
+    await harness.submit("gate", task_id="t1")
+    await harness.run_until_idle(timeout=5)
+    origin = await sign_in(client, OPERATOR)
+    shown = (await client.get("/console/tasks/t1")).text
+    first = (await harness.store.list_versions("t1"))[0][0]
+    await harness.rollback("t1", first)
+    await harness.run_until_idle(timeout=5)
+    info = await harness.get("t1")
+    assert info.record.status is tt.Status.WAITING and info.snapshot.frame.wait is not None
+    now_waiting = info.snapshot.frame.wait["id"]
+    assert now_waiting != approve_form(shown)["wait"]
+
+    stale = await client.post("/console/tasks/t1/approve", headers=origin,
+                              data=approve_form(shown))
+    assert stale.status_code == 303
+    assert "no longer waits for what the page showed" in (await client.get("/console/tasks/t1")).text
+    assert [e for e in await harness.store.list_events("t1") if e.event.type == "approval"] == []
+
+    fresh = (await client.get("/console/tasks/t1")).text
+    await client.post("/console/tasks/t1/approve", headers=origin, data=approve_form(fresh))
+    await settled(harness, "t1", tt.Status.COMPLETED)
+    result = (await harness.get("t1")).snapshot.result
+    assert result["approved"] is True and result["wait"] == now_waiting

@@ -332,7 +332,9 @@ async def show(harness: tt.Harness, task_id: str, as_json: bool) -> None:
         due = wait.get("due_at")
         say("waiting for: an ", (str(wait.get("event_type")), "bold"), " event",
             f", until {local_time(due)} (then it times out)" if due else ", with no timeout",
-            f"; `tether emit {task_id} {wait.get('event_type')} --payload JSON` sends one")
+            f"; `tether emit {task_id} {wait.get('event_type')} --payload JSON` sends one",
+            f" (add \"wait\": \"{wait['id']}\" to an object payload to have it applied only to"
+            " this wait)" if wait.get("id") else "")
     if info.record.wake_at is not None:
         say(f"due for a look at {local_time(info.record.wake_at)}: ",
             due_reason(info.record.wake_at, snap, info.record))

@@ -71,8 +71,28 @@ async def _apply(task: RunningTask, stored: StoredEvent) -> EventStatus | None:
     if stored.priority >= Priority.P3:
         task.snap.signals[event.type] = event.payload
         return EventStatus.APPLIED
+    stale = _answers_another_wait(task, event)
+    if stale is not None:
+        task.log_recovery(Strategy.STALE_ANSWER_IGNORED, event.id, stale)
+        return EventStatus.IGNORED
     await _deliver(task, event, stored.priority)
     return EventStatus.APPLIED
+
+
+def _answers_another_wait(task: RunningTask, event: Event) -> str | None:
+    """Why *event* is not applied, when it names the wait it answers (``"wait"`` in its
+    payload: the console sends the id of the wait the person was shown) and no frame of the
+    task holds that wait for its type now; None when it names none or the wait is held."""
+    named = event.payload.get("wait") if isinstance(event.payload, dict) else None
+    if named is None:
+        return None
+    held = [f.wait.get("id") for f in task.snap.stack
+            if f.wait and f.wait["event_type"] == event.type]
+    if named in held:
+        return None
+    now = f"it waits for {event.type} as wait {held[-1]!r}" if held \
+        else f"it waits for no {event.type}"
+    return f"{event.type} answered wait {str(named)[:64]!r}, which the task no longer holds ({now})"
 
 
 async def _control(task: RunningTask, event: Event) -> None:

@@ -62,6 +62,7 @@ from tether.model import (
     Wait,
     action_to_dict,
     check_transition,
+    new_id,
     storable_text,
     to_plain,
 )
@@ -436,7 +437,7 @@ class Runner:
         elif isinstance(action, Wait):
             due = timers.due_time(action.timeout, f"timeout of a Wait for {action.event_type!r}")
             frame.wait = {"event_type": action.event_type, "due_at": due,
-                          "timeout": action.timeout}
+                          "timeout": action.timeout, "id": new_id()}  # what answers name
             if due is not None:  # the one id its timeout fires under (E6)
                 frame.wait["timer"] = f"timer:{frame.frame_id}:{frame.steps}"
             self.set_status(Status.WAITING)

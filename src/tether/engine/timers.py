@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 from tether import dialog
 from tether.engine.task import RunningTask, clean_up_resources, end_wait
 from tether.errors import InvalidInput
-from tether.model import CallStatus, Event, EventStatus, Frame, Snapshot, Status
+from tether.model import CallStatus, Event, EventStatus, Frame, Snapshot, Status, new_id
 from tether.strategies import Strategy
 
 Moment = float | int | timedelta | datetime
@@ -66,16 +66,20 @@ def wait_timer_id(frame: Frame) -> str:
 
 
 def rearm_waits(snap: Snapshot, now: float, tag: str) -> None:
-    """Restart the timed waits of a snapshot being restored by a rollback, from *now*.
+    """Restart the waits of a snapshot being restored by a rollback or forked, from *now*.
 
     The rule: a wait that recorded its timeout runs it again in full; an older wait
     without one times out at once. Either way it gets a timer id of its own (see
-    :func:`retag_waits`).
+    :func:`retag_waits`), and every wait a new id: an answer sent about the wait before
+    the rollback, or about the fork's source, is not about this one.
     """
     retag_waits(snap, tag)
     for frame in snap.stack:
         wait = frame.wait
-        if not wait or wait.get("due_at") is None:
+        if not wait:
+            continue
+        wait["id"] = new_id()
+        if wait.get("due_at") is None:
             continue
         timeout = wait.get("timeout")
         wait["due_at"] = now + float(timeout) if isinstance(timeout, int | float) else now

@@ -238,6 +238,7 @@ def install_console(app: FastAPI, harness: Harness, tokens: Mapping[str, Role],
                     can_send=operator and not status.is_terminal,
                     awaited=str(wait["event_type"]) if operator and wait
                     and status is Status.WAITING else None,
+                    awaited_wait=wait.get("id") if wait else None,
                     waits=wait if wait and status is Status.WAITING else None,
                     forked_from=next((r["forked_from"] for r in recoveries
                                       if isinstance(r.get("forked_from"), dict)), None),
@@ -401,7 +402,14 @@ async def _pull(harness: Harness, task_id: str, lever: str, form: Any, by: str) 
         if wait is None or info.record.status is not Status.WAITING:
             raise ValueError(f"task {task_id} is not waiting for an event: nothing to approve")
         kind = str(wait["event_type"])
-        await harness.emit(Event(kind, task_id, {"approved": True, "by": by}))
+        shown = str(form.get("wait") or "") or None
+        if shown != wait.get("id"):
+            raise ValueError(f"task {task_id} no longer waits for what the page showed (it has"
+                             " moved on since): reload the page and decide again")
+        answer: dict[str, Any] = {"approved": True, "by": by}
+        if shown is not None:  # the engine applies it only to the wait the person saw
+            answer["wait"] = shown
+        await harness.emit(Event(kind, task_id, answer))
         return f"{kind} sent"
     else:
         raise ValueError(f"no such action {lever!r}")
