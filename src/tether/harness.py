@@ -373,7 +373,8 @@ class Harness:
     async def resume(self, task_id: str, message: str | None = None,
                      frame_patch: dict[str, Any] | None = None,
                      source_event_id: str | None = None, *, by: str | None = None,
-                     input: Any = KEEP_INPUT, earlier_result: bool = False) -> EmitReceipt:
+                     input: Any = KEEP_INPUT, earlier_result: bool = False,
+                     etag: str | None = None) -> EmitReceipt:
         """Resume a paused, parked or failed task, optionally with a message, a frame patch,
         or a corrected *input* (the task's input is replaced; the old one stays in the
         dialog, and the agent plans again from where the task stopped, with its idempotency
@@ -388,8 +389,20 @@ class Harness:
         same arguments) runs it when resumed; with *earlier_result* it does not run, and the
         agent is answered with the earlier identical call's result instead (refused with
         :class:`IllegalTransition` when the task holds no such repeat).
+
+        A caller that showed the task to a person first (the console, a client of the API,
+        ``tether show``) passes the :attr:`TaskInfo.etag` of that view: the resume is refused
+        (:class:`StaleDecision`) if the task is no longer as shown, and dropped (recorded as
+        ``resume_ignored``) if it moved on between this call and a worker applying it, so a
+        person's "carry on" about one stop never runs what a later stop holds (a repeated
+        refund, say).
         """
         info = await self.get(task_id)
+        if etag is not None and etag != info.etag:
+            raise StaleDecision(f"task {task_id} is no longer as it was shown (it is"
+                                f" {info.record.status.value} at version {info.version}"
+                                f"{': ' + info.record.reason if info.record.reason else ''});"
+                                " look at it again and resume anew")
         if earlier_result:
             await self._check_held_repeat(info, message, frame_patch)
         call = await awaiting_decision(self.store, info.snapshot, self.tools)
@@ -400,6 +413,8 @@ class Harness:
                                    "by": _who(by)}
         if earlier_result:
             payload["earlier_result"] = True
+        if etag is not None:  # applied only to the version the person saw
+            payload["version"] = info.version
         if input is not KEEP_INPUT:
             payload["input"] = _to_plain(input, self.settings.max_payload_bytes, "input")
         return await self._control(Event("resume", task_id, payload,

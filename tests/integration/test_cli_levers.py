@@ -225,3 +225,26 @@ def test_r10_r26_resume_earlier_result_answers_a_held_repeat_without_running_it(
     assert shown["snapshot"]["status"] == "completed"
     assert shown["snapshot"]["result"] == {"refunded": "A1", "key": first}
     assert "holds no repeat" in cli("resume", task_id, "--earlier-result", code=1)
+
+
+def test_resume_with_the_etag_show_printed_is_refused_once_the_task_moved_on(
+        cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """R26: `tether resume --etag` with the etag `show` printed resumes the stop that was
+    shown; after the task moved on (here it was resumed once and stopped again), the same
+    etag is refused, naming why, and nothing is sent."""
+    monkeypatch.setenv("TETHER_APP", "tether.examples:demo_app")
+    monkeypatch.setenv("TETHER_DEMO_LEDGER", str(tmp_path / "demo-ledger.db"))
+    task_id = cli("submit", "inventory")
+    cli("worker", "--until-idle")
+    shown = json.loads(cli("show", task_id, "--json"))
+    assert "resume applied" in cli("resume", task_id, "--etag", shown["etag"])
+    cli("worker", "--until-idle")
+
+    def events() -> int:
+        cli("export", task_id, "-o", str(tmp_path / "bundle.json"))
+        return len(json.loads((tmp_path / "bundle.json").read_text())["events"])
+
+    before = events()
+    refused = cli("resume", task_id, "--etag", shown["etag"], code=1)
+    assert "no longer as it was shown" in refused
+    assert events() == before

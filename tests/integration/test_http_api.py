@@ -755,3 +755,33 @@ async def test_r26_the_console_approves_only_the_wait_its_page_showed(
     await settled(harness, "t1", tt.Status.COMPLETED)
     result = (await harness.get("t1")).snapshot.result
     assert result["approved"] is True and result["wait"] == now_waiting
+
+
+async def test_r26_the_console_and_the_api_resume_only_the_state_they_showed(
+        api: tuple[httpx.AsyncClient, tt.Harness]) -> None:
+    """R26: the console's resume form carries the etag of the page; after the task moved
+    on (rolled back, waiting anew), the old page's resume is refused with the reason and
+    sends nothing. The API's resume takes the etag too: a stale one is a 409."""
+    client, harness = api
+    await harness.submit("gate", task_id="t1")
+    await harness.run_until_idle(timeout=5)
+    origin = await sign_in(client, OPERATOR)
+    shown = (await client.get("/console/tasks/t1")).text
+    etag = re.search(r'action="/console/tasks/t1/resume">\s*<input type="hidden" name="csrf"'
+                     r' value="[^"]+">\s*<input type="hidden" name="etag" value="([^"]+)"', shown)
+    assert etag, shown[:400]
+    first = (await harness.store.list_versions("t1"))[0][0]
+    await harness.rollback("t1", first)
+    await harness.run_until_idle(timeout=5)
+    stale = await client.post("/console/tasks/t1/resume", headers=origin, data={
+        "csrf": csrf_of(shown), "etag": etag.group(1), "message": "go on"})
+    assert stale.status_code == 303
+    assert "no longer as it was shown" in (await client.get("/console/tasks/t1")).text
+    assert [e for e in await harness.store.list_events("t1") if e.event.type == "resume"] == []
+    refused = await client.post("/api/tasks/t1/resume", headers=auth(OPERATOR),
+                                json={"message": "go on", "etag": etag.group(1)})
+    assert refused.status_code == 409 and "no longer as it was shown" in refused.text
+    current = (await client.get("/api/tasks/t1", headers=auth(OPERATOR))).json()["etag"]
+    accepted = await client.post("/api/tasks/t1/resume", headers=auth(OPERATOR),
+                                 json={"message": "go on", "etag": current})
+    assert accepted.status_code == 202, accepted.text

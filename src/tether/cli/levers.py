@@ -85,10 +85,12 @@ def _check_event_type(harness: tt.Harness, event_type: str, priority: int | None
 @click.option("--earlier-result", is_flag=True,
               help="For a task holding a repeat of a side effect that already succeeded: do not"
                    " run it, answer the agent with the earlier identical call's result.")
+@click.option("--etag", help="The etag `tether show` printed; refused if the task is no longer"
+                             " as shown, so a resume is never applied to a later stop.")
 @steering_command
 async def resume(harness: tt.Harness, task_id: str, message: str | None,
                  patch: dict[str, Any] | None, new_input: tuple[Any] | None,
-                 earlier_result: bool) -> None:
+                 earlier_result: bool, etag: str | None) -> None:
     """Resume a paused, parked or failed task.
 
     A task whose side-effecting call has an unknown outcome is not resumed: say what happened
@@ -99,7 +101,7 @@ async def resume(harness: tt.Harness, task_id: str, message: str | None,
     """
     corrected = {} if new_input is None else {"input": new_input[0]}
     receipt = await harness.resume(task_id, message=message, frame_patch=patch, by=who(),
-                                   earlier_result=earlier_result, **corrected)
+                                   earlier_result=earlier_result, etag=etag, **corrected)
     await report_lever(harness, task_id, receipt, "resume")
 
 

@@ -31,6 +31,12 @@ async def human_resume(task: RunningTask, event: Event) -> None:
     undecided = await awaiting_decision(task.reads, snap, task.tools)
     if undecided is not None and snap.status not in (Status.COMPLETED, Status.CANCELLED):
         raise InDoubtCall(in_doubt_message(snap.task_id, undecided))  # failed ones too
+    seen = payload.get("version")
+    if seen is not None and seen != task.version:
+        task.log_recovery(Strategy.RESUME_IGNORED, event.id, f"the person resumed version"
+                          f" {str(seen)[:20]}, as shown to them; the task is at version"
+                          f" {task.version} now (it moved on since): look at it again")
+        return
     amended = bool(payload.get("message") or payload.get("frame_patch") or "input" in payload)
     if snap.status not in (Status.PAUSED, Status.NEEDS_HUMAN, Status.FAILED, Status.WAITING):
         if amended and snap.status is Status.RUNNING:

@@ -369,7 +369,7 @@ async def _pull(harness: Harness, task_id: str, lever: str, form: Any, by: str) 
     if lever == "resume":
         earlier = form.get("earlier_result") == "1"
         await harness.resume(task_id, message=str(form.get("message") or "") or None, by=by,
-                             earlier_result=earlier)
+                             earlier_result=earlier, etag=str(form.get("etag") or "") or None)
         if earlier:
             return "sent: answer the held call with the earlier result"
     elif lever == "rollback":

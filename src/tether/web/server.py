@@ -221,6 +221,9 @@ class Resume(BaseModel):
     earlier_result: bool = Field(False, description=(
         "for a task holding a repeat of a side effect that already succeeded: answer it with"
         " the earlier identical call's result instead of running it (409 if none is held)"))
+    etag: str | None = Field(None, max_length=64, description=(
+        "the etag of the task as shown (GET /api/tasks/{id} gives it); refused (409) if the"
+        " task is no longer as shown, dropped if it moves on before a worker applies it"))
 
 
 class Rollback(BaseModel):
@@ -408,7 +411,7 @@ def create_app(harness: Harness, config: ServerConfig) -> FastAPI:
         new_input = {"input": body.input} if "input" in body.model_fields_set else {}
         return await _lever(harness, task_id, harness.resume(
             task_id, body.message, body.patch, by=_by(request),
-            earlier_result=body.earlier_result, **new_input))
+            earlier_result=body.earlier_result, etag=body.etag, **new_input))
 
     @app.post("/api/tasks/{task_id}/decide", status_code=202)
     async def decide(task_id: str, body: Decide, request: Request) -> dict[str, Any]:
