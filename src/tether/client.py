@@ -181,9 +181,11 @@ class AsyncClient:
 
     async def resume(self, task_id: str, message: str | None = None, *,
                      patch: Mapping[str, Any] | None = None, input: Any = KEEP,
-                     earlier_result: bool = False) -> dict[str, Any]:
+                     earlier_result: bool = False, etag: str | None = None) -> dict[str, Any]:
+        """Resume a stopped task; with the *etag* of the view shown to a person, refused if
+        the task moved on since (so a resume meant for one stop never runs a later one)."""
         body: dict[str, Any] = {"message": message, "patch": patch,
-                                "earlier_result": earlier_result}
+                                "earlier_result": earlier_result, "etag": etag}
         if input is not KEEP:
             body["input"] = input
         return await self._lever(task_id, "resume", body)

@@ -153,7 +153,10 @@ async def test_levers_through_the_client(server: Server) -> None:
         await client.delete(task)
         with pytest.raises(tt.TaskNotFound):
             await client.get(task)
-        resumed = await client.resume("the-fork", "go on")  # a person ends its wait
+        with pytest.raises(tt.IllegalTransition, match="no longer as it was shown"):
+            await client.resume("the-fork", "go on", etag="0" * 16)  # not the view it has
+        resumed = await client.resume("the-fork", "go on",  # a person ends its wait
+                                      etag=(await client.get("the-fork")).etag)
         assert "event_id" in resumed
         ended = [c async for c in client.watch("the-fork")][-1]
         assert ended.data["status"] == "completed"
