@@ -373,6 +373,8 @@ def test_e6_r14_rearm_waits_restarts_timed_waits_under_new_timer_ids() -> None:
     timers.rearm_waits(snap, NOW, "r4")
 
     a, b, c = (frame.wait for frame in snap.stack)
+    ids = [wait.pop("id") for wait in (a, b, c)]  # each restored wait is a new one (R26)
+    assert len(set(ids)) == 3 and all(isinstance(i, str) and i for i in ids)
     assert a == {"event_type": "x", "due_at": NOW + 30, "timeout": 30, "timer": "timer:a:3:r4"}
     assert b == {"event_type": "y", "due_at": NOW, "timer": "timer:b:2.0:r4"}
     assert c == {"event_type": "z", "due_at": None}
