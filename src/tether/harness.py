@@ -398,11 +398,8 @@ class Harness:
         refund, say).
         """
         info = await self.get(task_id)
-        if etag is not None and etag != info.etag:
-            raise StaleDecision(f"task {task_id} is no longer as it was shown (it is"
-                                f" {info.record.status.value} at version {info.version}"
-                                f"{': ' + info.record.reason if info.record.reason else ''});"
-                                " look at it again and resume anew")
+        reason = f": {info.record.reason}" if info.record.reason else ""
+        _refuse_if_not_as_shown(info, etag, reason, "resume")
         if earlier_result:
             await self._check_held_repeat(info, message, frame_patch)
         call = await awaiting_decision(self.store, info.snapshot, self.tools)
@@ -467,12 +464,9 @@ class Harness:
             raise StaleDecision(f"task {task_id}: the call in doubt is now {call.tool}"
                                 f" key={call.key} attempt {call.attempt}, not the one shown"
                                 f" (key={key} attempt {attempt}); look at it again")
-        if etag is not None and etag != info.etag:
-            raise StaleDecision(f"task {task_id} is no longer as it was shown (it is"
-                                f" {info.record.status.value} at version {info.version}, its"
-                                f" call {call.tool} key={call.key} attempt {call.attempt}"
-                                f"{' running' if info.record.runner() else ''}); look at it"
-                                " again and decide anew")
+        _refuse_if_not_as_shown(info, etag, f", its call {call.tool} key={call.key} attempt"
+                                f" {call.attempt}{' running' if info.record.runner() else ''}",
+                                "decide")
         live = info.record.runner()
         if live is not None:
             raise CallInFlight(
@@ -750,6 +744,15 @@ async def ensure_task(store: Store, task_id: str) -> None:
 
 FINAL = frozenset({Status.COMPLETED, Status.CANCELLED})
 """Statuses in which no call can be open any more (a failed task's may be, in doubt)."""
+
+
+def _refuse_if_not_as_shown(info: TaskInfo, etag: str | None, detail: str, lever: str) -> None:
+    """A lever pulled on a view of the task (its *etag*) is refused when the store's task is
+    no longer that view: it is never applied to a state the person did not see."""
+    if etag is not None and etag != info.etag:
+        raise StaleDecision(f"task {info.record.task_id} is no longer as it was shown (it is"
+                            f" {info.record.status.value} at version {info.version}{detail});"
+                            f" look at it again and {lever} anew")
 
 
 def _who(by: str | None) -> str:

@@ -50,6 +50,43 @@ def batch_harness(h: tt.Harness, calls: list[int], gate_at: int | None = None,
             return tt.Finish(task.last_tool_result)
 
 
+def slow_model_harness(h: tt.Harness, started: list[int], cancelled: list[int],
+                       reparsed: list[int]) -> None:
+    """An agent whose model call would take a minute (each call's step in *started*, each
+    one cut off in *cancelled*), answering a ``user_interrupt`` with a subtask that re-parses
+    the contract it names (into *reparsed*); with the subtask's result it finishes."""
+
+    @h.tool
+    async def parse(ctx: tt.ToolContext, n: int) -> int:
+        reparsed.append(n)
+        return n
+
+    @h.agent("slow_model")
+    class SlowModel(tt.Agent):
+        async def plan(self, task):
+            if task.child_result is not None:
+                return tt.Finish({"child": task.child_result})
+            started.append(task.step)
+            try:
+                await asyncio.sleep(60)  # a model call that would take a minute
+            except asyncio.CancelledError:
+                cancelled.append(task.step)
+                raise
+            return tt.Finish("too slow")
+
+        async def on_event(self, task, event):
+            if event.type == "user_interrupt":
+                return tt.Spawn("reparse_one", {"n": event.payload["n"]})
+            return None
+
+    @h.agent("reparse_one")
+    class ReparseOne(tt.Agent):
+        async def plan(self, task):
+            if task.last_tool_result is None:
+                return tt.ToolCall("parse", {"n": task.input["n"]})
+            return tt.Finish(task.last_tool_result)
+
+
 async def test_r01_r17_preemption_spawns_reparse_and_batch_finishes_without_redoing(harness):
     """R1 (external preemption), R4, R15, R17: a P0 "stop, re-parse #5" during a batch of 20.
 
@@ -278,44 +315,14 @@ async def test_r02_get_answers_step_current_call_and_status(harness):
 async def test_r04_p0_cancels_in_flight_model_call_and_handler_runs(harness):
     """R4, R17: a P0 cancels an in-flight plan (the model call) at once; the agent's handler then
     spawns the subtask and the frame plans again afterwards."""
-    model_started = asyncio.Event()
+    started: list[int] = []
     cancelled_plans: list[int] = []
     reparsed: list[int] = []
-
-    @harness.tool
-    async def parse(ctx: tt.ToolContext, n: int) -> int:
-        reparsed.append(n)
-        return n
-
-    @harness.agent("slow_model")
-    class SlowModel(tt.Agent):
-        async def plan(self, task):
-            if task.child_result is not None:
-                return tt.Finish({"child": task.child_result})
-            model_started.set()
-            try:
-                await asyncio.sleep(60)  # a model call that would take a minute
-            except asyncio.CancelledError:
-                cancelled_plans.append(task.step)
-                raise
-            return tt.Finish("too slow")
-
-        async def on_event(self, task, event):
-            if event.type == "user_interrupt":
-                return tt.Spawn("reparse_one", {"n": event.payload["n"]})
-            return None
-
-    @harness.agent("reparse_one")
-    class ReparseOne(tt.Agent):
-        async def plan(self, task):
-            if task.last_tool_result is None:
-                return tt.ToolCall("parse", {"n": task.input["n"]})
-            return tt.Finish(task.last_tool_result)
-
+    slow_model_harness(harness, started, cancelled_plans, reparsed)
     tid = await harness.submit("slow_model")
 
     async def interrupt() -> None:
-        await model_started.wait()
+        await wait_until(lambda: bool(started))
         await harness.emit(tt.Event("user_interrupt", tid, {"n": 5}))
 
     await run_alongside(harness, interrupt(), timeout=5)
@@ -505,30 +512,8 @@ async def test_r04_e1_a_p0_stored_after_the_inbox_read_stops_the_model_call_befo
     interrupted: list[bool] = []
     monkeypatch.setattr(Runner, "step", step_after_a_p0)
 
-    @harness.tool
-    async def parse(ctx: tt.ToolContext, n: int) -> int:
-        return n
-
-    @harness.agent("slow_model")
-    class SlowModel(tt.Agent):
-        async def plan(self, task):
-            if task.child_result is not None:
-                return tt.Finish({"child": task.child_result})
-            long_calls.append(task.step)
-            await asyncio.sleep(60)  # a model call that would take a minute
-            return tt.Finish("too slow")
-
-        async def on_event(self, task, event):
-            if event.type == "user_interrupt":
-                return tt.Spawn("reparse_one", {"n": event.payload["n"]})
-            return None
-
-    @harness.agent("reparse_one")
-    class ReparseOne(tt.Agent):
-        async def plan(self, task):
-            if task.last_tool_result is None:
-                return tt.ToolCall("parse", {"n": task.input["n"]})
-            return tt.Finish(task.last_tool_result)
+    reparsed: list[int] = []
+    slow_model_harness(harness, long_calls, [], reparsed)
 
     tid = await harness.submit("slow_model")
     await harness.run_until_idle(timeout=10)
