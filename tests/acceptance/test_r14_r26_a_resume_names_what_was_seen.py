@@ -108,3 +108,28 @@ async def test_r14_a_resume_that_reaches_the_loop_after_the_task_moved_on_is_dro
     record = (await h.store.list_recovery_log(task_id))[-1]
     assert record["resume_strategy"] == "resume_ignored"
     assert "moved on since" in record["detail"]
+
+
+async def test_r26_a_view_of_a_deleted_task_does_not_steer_the_one_made_again_with_its_id(
+        tmp_path: Path) -> None:
+    """R26: a task waiting for a person (no call open) is deleted and submitted again under
+    the same id, and waits where the first one did (same version and status). The etag shown
+    for the first one is refused for the second: it is another task, never seen."""
+    async with tt.Harness(f"sqlite:///{tmp_path / 'again.db'}") as h:
+        @h.agent("asks")
+        class Asks(tt.Agent):
+            async def plan(self, t: tt.TaskView) -> tt.Action:
+                return tt.Finish(t.last_event) if t.last_event else tt.Wait("approval")
+
+        await h.submit("asks", task_id="t1")
+        await h.run_until_idle(timeout=10)
+        first = await h.get("t1")
+        await h.delete("t1")
+        await h.submit("asks", task_id="t1")
+        await h.run_until_idle(timeout=10)
+        again = await h.get("t1")
+        assert (again.version, again.record.status, again.snapshot.call) \
+            == (first.version, tt.Status.WAITING, None)
+        with pytest.raises(tt.StaleDecision, match="no longer as it was shown"):
+            await h.resume("t1", by="ann", etag=first.etag)
+        assert [e for e in await h.store.list_events("t1") if e.event.type == "resume"] == []

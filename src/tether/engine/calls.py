@@ -402,13 +402,14 @@ def observation(snap: Snapshot) -> dict[str, Any]:
 
 
 def etag(record: TaskRecord, version: int, snap: Snapshot) -> str:
-    """A short token of what a person is shown of a task: its version, its status, the
+    """A short token of what a person is shown of a task: which task (its creation time: one
+    deleted and made again under the same id is another), its version, its status, the
     worker running it (if one does), and its open call's key, attempt, status and dialog
     branch. A lever pulled on that view passes it back; it is compared with the store's
     state then, so a decision about a call seen running is not applied to the same call
     after its worker died (same version, no lease), nor to a state moved on since."""
     call = snap.call
-    seen = [version, record.status.value, record.runner(),
+    seen = [record.created_at, version, record.status.value, record.runner(),
             snap.history_segments[-1][0] if snap.history_segments else 0,
             None if call is None else [call.key, call.attempt, call.status.value]]
     return hashlib.sha256(json.dumps(seen).encode()).hexdigest()[:16]
