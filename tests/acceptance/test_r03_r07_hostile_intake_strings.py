@@ -48,7 +48,7 @@ async def served(request: pytest.FixtureRequest, tmp_path: Any
             return tt.Wait("approval") if t.last_event is None else tt.Finish(t.last_event["payload"])
 
     await harness.submit("gate", task_id="t1")
-    await harness.run_until_idle(timeout=5)
+    await harness.run_until_idle(timeout=30)  # a ceiling, met once idle (loaded PG: > 5 s)
     app = create_app(harness, ServerConfig({OPERATOR: "operator"}, {"billing": SECRET}))
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
