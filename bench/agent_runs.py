@@ -112,71 +112,128 @@ Session = Callable[[int, Path], AbstractAsyncContextManager[Go]]
 async def run_each(probe: Probe, sizes: Sequence[int], mode: str, session: Session,
                    profiler: Any = None) -> dict[int, dict[str, Any]]:
     """The run of each size, timed, after a warm-up run in ``run`` mode (imports, schema
-    building and first-call costs stay out of the clock); with *profiler* (anything with
-    ``enable()`` and ``disable()``), profiled too, only around the timed run."""
+    building and first-call costs stay out of the clock); a short run is timed
+    :func:`repeats` times and its medians kept, so one noisy moment does not decide the
+    figure. With *profiler* (anything with ``enable()`` and ``disable()``), profiled too,
+    only around the timed runs."""
     if mode == "run":
         probe.begin(WARMUP, probe.folder / "warm-up")
         async with session(WARMUP, probe.folder / "warm-up") as go:
             await go()
     found: dict[int, dict[str, Any]] = {}
     for steps in sizes:
-        probe.begin(steps, probe.folder / f"n{steps}")
-        async with session(steps, probe.folder / f"n{steps}") as go:
-            if profiler is not None:
-                profiler.enable()
-            started, cpu = time.perf_counter(), time.process_time()
-            output = await go()
-            seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
-            if profiler is not None:
-                profiler.disable()
-        found[steps] = {"seconds": seconds, "cpu_seconds": cpu, "output": output,
-                        "models": probe.models, "tools": probe.tools,
-                        "stored_bytes": stored_bytes(probe.folder / f"n{steps}")}
+        runs = [await timed_run(probe, steps, probe.folder / f"n{steps}{'' if n == 0 else f'-{n}'}",
+                                session, profiler)
+                for n in range(repeats(steps) if mode == "run" else 1)]
+        found[steps] = {**runs[-1], **{key: statistics.median(run[key] for run in runs)
+                                       for key in ("seconds", "cpu_seconds", "stored_bytes")}}
     return found
 
 
-def tether_session(mode: str, lease: float, prompt: str, agent: Callable[[], Any]) -> Session:
-    """tether's run of the agent *agent* makes: a harness of its own per run (so the bytes it
-    keeps can be counted), default settings (a *lease* this short where a process is killed,
-    so the restarted one waits out only that). *agent* wraps a framework agent built once per
-    process, as the plain run and the peers build theirs: a fresh one per run would charge
-    tether with the framework's own first-run costs;
-    the clock runs from submit until the task's result is read, and a run resumed after a
-    kill continues the task the killed process left."""
+def repeats(steps: int) -> int:
+    """How often a timed run of *steps* tool calls is made: about :data:`REPEATED_CALLS`
+    tool calls in all, at least once."""
+    return max(1, REPEATED_CALLS // steps)
+
+
+REPEATED_CALLS = 100
+
+
+async def timed_run(probe: Probe, steps: int, folder: Path, session: Session,
+                    profiler: Any) -> dict[str, Any]:
+    """One run of *steps* tool calls in *folder*: its seconds, CPU seconds, answer, counts
+    and the bytes its store kept."""
+    probe.begin(steps, folder)
+    async with session(steps, folder) as go:
+        if profiler is not None:
+            profiler.enable()
+        started, cpu = time.perf_counter(), time.process_time()
+        output = await go()
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+        if profiler is not None:
+            profiler.disable()
+    return {"seconds": seconds, "cpu_seconds": cpu, "output": output,
+            "models": probe.models, "tools": probe.tools, "stored_bytes": stored_bytes(folder)}
+
+
+@asynccontextmanager
+async def tether_sessions(mode: str, lease: float, prompt: str, agent: Callable[[], Any],
+                          folder: Path, most_steps: int) -> AsyncIterator[Session]:
+    """tether's runs of the agent *agent* makes, with default settings (a *lease* this short
+    where a process is killed, so the restarted one waits out only that). *agent* wraps a
+    framework agent built once per process, as the plain run and the peers build theirs: a
+    fresh one per run would charge tether with the framework's own first-run costs.
+
+    Timed runs share one harness and one store file in the process's *folder*, opened before
+    the warm-up run, as the peers keep one system database per process and a service keeps
+    its harness: a store opened for each run would charge tether with a new file's first
+    pages and statements. What a run keeps on disk is the file's growth over it (its WAL
+    folded in before and after), written for :func:`stored_bytes`. A killed run and its
+    restart have a store of their own in the run's folder, which the restarted process
+    finds. *most_steps*: the longest run's tool calls. The clock runs from submit until the
+    task's result is read."""
     import tether as tt
 
-    @asynccontextmanager
-    async def session(steps: int, folder: Path) -> AsyncIterator[Go]:
+    def harness(path: Path, steps: int) -> tt.Harness:
         settings = tt.Settings()
         if mode != "run":
             settings = dataclasses.replace(settings, lease_seconds=lease)
         if steps + 1 > settings.max_completions:  # only for --steps of 1000 and more
             settings = dataclasses.replace(settings, max_completions=steps + 1)
-        harness = tt.Harness(f"sqlite:///{folder / 'tether.db'}", settings=settings)
-        harness.add_agent("bench", agent())
+        made = tt.Harness(f"sqlite:///{path}", settings=settings)
+        made.add_agent("bench", agent())
+        return made
 
+    def go_with(made: tt.Harness, task_file: Path) -> Go:
         async def go() -> str:
             if mode == "resume":  # the task the killed process left
-                task = (folder / "task").read_text()
+                task = task_file.read_text()
             else:
-                task = await harness.submit("bench", prompt)
-                (folder / "task").write_text(task)
-            await harness.run_until_idle(concurrency=1)
-            info = await harness.get(task)
+                task = await made.submit("bench", prompt)
+                task_file.write_text(task)
+            await made.run_until_idle(concurrency=1)
+            info = await made.get(task)
             if info.record.status is not tt.Status.COMPLETED:
                 raise RuntimeError(f"tether task ended {info.record.status}: {info.record.reason}")
             return str(info.snapshot.result)
+        return go
 
-        async with harness:
-            assert harness.store is not None  # opened (file and schema) outside the clock, as
-            yield go  # peers launch before their runs: once per process in real use
+    if mode != "run":
+        @asynccontextmanager
+        async def own_store(steps: int, run_folder: Path) -> AsyncIterator[Go]:
+            async with harness(run_folder / "tether.db", steps) as made:
+                yield go_with(made, run_folder / "task")
+        yield own_store
+        return
 
-    return session
+    shared_file = folder / "tether.db"
+    async with harness(shared_file, most_steps) as shared:
+        store = shared.store
+        assert store is not None  # opened (file and schema) outside the clock
+
+        def settled_size() -> int:
+            store.pragma("wal_checkpoint(TRUNCATE)")  # type: ignore[attr-defined]
+            return shared_file.stat().st_size
+
+        @asynccontextmanager
+        async def shared_store(steps: int, run_folder: Path) -> AsyncIterator[Go]:
+            before = settled_size()
+            yield go_with(shared, run_folder / "task")
+            (run_folder / KEPT_BYTES).write_text(str(settled_size() - before))
+
+        yield shared_store
+
+
+KEPT_BYTES = "kept-bytes"
+"""A run's file in which a store shared by the process's runs notes what the run added."""
 
 
 def stored_bytes(folder: Path) -> int:
-    """What a run's store holds on disk once closed: its SQLite files and their WAL (0 for a
-    store kept elsewhere, a server's or one shared by every run of the process)."""
+    """What a run's store holds on disk once closed: its SQLite files and their WAL, or what
+    the run added to a store shared by the process's runs (:data:`KEPT_BYTES`); 0 for a
+    store kept elsewhere (a server's, or a peer's system database)."""
+    if (folder / KEPT_BYTES).exists():
+        return int((folder / KEPT_BYTES).read_text())
     return sum(f.stat().st_size for f in folder.iterdir()
                if f.is_file() and f.name.endswith((".db", ".sqlite", "-wal")))
 
@@ -349,9 +406,9 @@ class AgentBench:
             self.overhead_table(runs, sizes, "cpu_seconds"), "",
             f"{target}, on the CPU clock (medians of the table above):", "",
             self.target_table(runs, sizes), "",
-            "What each run's store keeps on disk once closed (its SQLite file and WAL), per tool"
-            " call: flat as N grows when a step stores only what it added (\"-\": a store that"
-            " is not the run's own).", "",
+            "What each run keeps on disk (the growth of tether's store file over the run, its WAL"
+            " folded in before and after), per tool call: flat as N grows when a step stores"
+            " only what it added (\"-\": a store that is not the run's own).", "",
             self.bytes_table(runs, sizes), "",
             "Each system's process SIGKILLed inside tool call k = N/2 (after the call's work,"
             " before its result is returned), then the same program started again to finish"

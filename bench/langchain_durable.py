@@ -35,7 +35,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from agent_runs import AgentBench, Go, Killed, Probe, Timed, run_each, tether_session
+from agent_runs import AgentBench, Go, Killed, Probe, Timed, run_each, tether_sessions
 from workload import ARG
 
 SYSTEMS = ("plain", "tether", "langgraph", "tethersaver")
@@ -111,7 +111,7 @@ async def run_plain(probe: Probe, sizes: Sequence[int], mode: str) -> dict[int, 
 
 async def run_tether(probe: Probe, sizes: Sequence[int], mode: str
                      ) -> dict[int, dict[str, Any]]:
-    """The agent under tether's ``LangChainAgent`` (:func:`agent_runs.tether_session`)."""
+    """The agent under tether's ``LangChainAgent`` (:func:`agent_runs.tether_sessions`)."""
     import tether as tt
     from tether.integrations.langchain import LangChainAgent
 
@@ -120,7 +120,9 @@ async def run_tether(probe: Probe, sizes: Sequence[int], mode: str
     def agent() -> LangChainAgent:
         return LangChainAgent(framework, tools={"work": tt.ToolPolicy(idempotent=True)})
 
-    return await run_each(probe, sizes, mode, tether_session(mode, LEASE, PROMPT, agent))
+    async with tether_sessions(mode, LEASE, PROMPT, agent, probe.folder,
+                               max(sizes)) as session:
+        return await run_each(probe, sizes, mode, session)
 
 
 async def run_langgraph(probe: Probe, sizes: Sequence[int], mode: str
@@ -196,8 +198,10 @@ def markdown(runs: Timed, found: Killed, sizes: Sequence[int], rounds: int, seco
         " (LangGraph's run, tether's SQLite store). Whole run after a warm-up run, divided by"
         " N; overhead is that minus the plain run of the same round. Median of"
         f" {rounds} interleaved round{'s' if rounds != 1 else ''} (with more than one, their"
-        " range in brackets); each system's round its own process, running each N in turn in a"
-        " fresh store; plain and tether build the agent once per process (a checkpointer is"
+        " range in brackets); each system's round its own process, running each N in turn"
+        " (N under 100 several times, about 100 tool calls in all, their median kept);"
+        " tether's runs share one store per process, as a service keeps one, the savers a fresh one per run;"
+        " plain and tether build the agent once per process (a checkpointer is"
         " compiled into its graph, so the savers' runs build theirs per store)"
         " (`bench/langchain_durable.py`).", "",
         *BENCH.tables(runs, found, sizes, "Issue 28's target (as issue 27's)", PACKAGES, seconds),

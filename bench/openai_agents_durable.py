@@ -60,7 +60,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from agent_runs import AgentBench, Go, Killed, Probe, Session, Timed, run_each, tether_session
+from agent_runs import AgentBench, Go, Killed, Probe, Session, Timed, run_each, tether_sessions
 from workload import ARG
 
 HAS_DBOS = (importlib.util.find_spec("dbos") is not None
@@ -158,7 +158,7 @@ async def run_plain(probe: Probe, sizes: Sequence[int], mode: str) -> dict[int, 
 
 async def run_tether(probe: Probe, sizes: Sequence[int], mode: str
                      ) -> dict[int, dict[str, Any]]:
-    """The agent under tether's ``OpenAIAgentsAgent`` (:func:`agent_runs.tether_session`)."""
+    """The agent under tether's ``OpenAIAgentsAgent`` (:func:`agent_runs.tether_sessions`)."""
     import tether as tt
     from tether.integrations.openai_agents import OpenAIAgentsAgent
 
@@ -168,7 +168,9 @@ async def run_tether(probe: Probe, sizes: Sequence[int], mode: str
         return OpenAIAgentsAgent(framework, stream=False, run_config=run_config(),
                                  tools={"work": tt.ToolPolicy(idempotent=True)})
 
-    return await profiled(probe, sizes, mode, tether_session(mode, LEASE, PROMPT, agent))
+    async with tether_sessions(mode, LEASE, PROMPT, agent, probe.folder,
+                               max(sizes)) as session:
+        return await profiled(probe, sizes, mode, session)
 
 
 async def run_dbos(probe: Probe, sizes: Sequence[int], mode: str) -> dict[int, dict[str, Any]]:
@@ -433,7 +435,10 @@ def markdown(runs: Timed, found: Killed, sizes: Sequence[int], rounds: int, seco
         " Whole run after a warm-up run, divided by N; overhead is that minus the plain run of"
         f" the same round. Median of {rounds} interleaved round{'s' if rounds != 1 else ''}"
         " (with more than one, their range in brackets); each system's round its own process,"
-        " running each N in turn in a fresh store or workflow, the agent built once per process"
+        " running each N in turn"
+        " (N under 100 several times, about 100 tool calls in all, their median kept);"
+        " tether's runs share one store per process, as a service keeps one and DBOS one system database,"
+        " the agent built once per process"
         " (`bench/openai_agents_durable.py`)."
         " Temporal's integration for the SDK is not measured: it needs a Temporal server.",
         "", *missing,

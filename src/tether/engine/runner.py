@@ -200,7 +200,8 @@ class Runner:
         """Start a pending task (visible as running at once, R2) or recover a crashed one."""
         if self.snap.status is Status.PENDING:
             self.set_status(Status.RUNNING)
-            await self.store.set_status(self.claim, Status.RUNNING, None)
+            if not self.claim.started:  # a claim that started it wrote this already
+                await self.store.set_status(self.claim, Status.RUNNING, None)
         await recovery.restore(self)
         await self._commit_if_asked()
 
@@ -272,18 +273,24 @@ class Runner:
             await self._commit_if_asked()
 
     def _plan_rides_with_call(self) -> bool:
-        """Whether the plan just made is left for its first call's resume point to commit.
+        """Whether the plan just made is left for the next commit, which writes it with what
+        it leads to.
 
         A model answer whose first action is a call that can start at once is written in
         one commit with that call's resume point, so a tool call costs one commit, and the
         answer is still in the store before anything of it runs. A call that may wait first
         (a limit's slot) gets the answer committed on its own: a kill while it waits must
         not cost the completion. If the resume point is refused (a message arrived), the
-        answer is committed with the events the loop then applies."""
+        answer is committed with the events the loop then applies. A final answer (the
+        task's one Finish) is written with the task's end: nothing runs between them."""
         frame = self.snap.frame
-        if not (self._planned and self._commit_asked and self._inbox_seen is not None
-                and self.snap.call is None and frame.agenda
-                and frame.agenda[0].kind == "tool_call"):
+        if not (self._planned and self._commit_asked and self.snap.call is None
+                and frame.agenda):
+            return False
+        if len(frame.agenda) == 1 and frame.agenda[0].kind == "finish" \
+                and len(self.snap.stack) == 1:
+            return True
+        if self._inbox_seen is None or frame.agenda[0].kind != "tool_call":
             return False
         tool = self.tools.get(str(frame.agenda[0].action["name"]))
         return tool is not None and not tool.limits

@@ -526,6 +526,8 @@ async def _run_task(harness: WorkerHost, claim: Claim, steps: bool) -> Status | 
         runner = await Runner.load(harness, claim)
     except SnapshotTooNew as error:
         harness.log.error("%s", error)
+        if claim.started:  # left as it was for a newer worker: nobody runs it yet
+            await store.set_status(claim, Status.PENDING, None)
         await store.release(claim, hold_until=time.time() + 4 * harness.settings.lease_seconds)
         return None
     except (CorruptSnapshot, VersionNotFound) as error:  # no head to run it from: damage

@@ -46,6 +46,10 @@ class Claim:
     created_at: float | None = None
     """The task row's creation time, read with it: with the id, the incarnation this claim
     holds (a task deleted and submitted again under the same id is another one)."""
+    started: bool = False
+    """The claim took a pending task and made it running in the same transaction (R2: seen
+    running at once), so the runner need not write that status on its own (False: the task
+    was not pending, or a backend that does not do it)."""
 
 
 @dataclass(frozen=True)
@@ -354,8 +358,9 @@ class ReadStore(SnapshotReads, Protocol):
         """Tasks, newest first, optionally of one status."""
 
     async def leased_tasks(self, limit: int = 1000) -> list[TaskRecord]:
-        """Unfinished tasks a worker holds a lease on, whatever their status (a task claimed
-        and not yet running is pending), the soonest lease end first."""
+        """Unfinished tasks a worker holds a lease on, whatever their status (pending too,
+        where a claim does not start the task: :attr:`Claim.started`), the soonest lease end
+        first."""
 
     async def find_tasks(self, query: TaskQuery) -> list[TaskRecord]:
         """A page of tasks matching *query*: people's work first (needs a person, running,

@@ -93,10 +93,12 @@ WITH chosen AS (
 UPDATE tasks t SET lease_owner = %(worker)s, lease_until = {_LEASE_NOW} + %(lease)s,
        fence = t.fence + 1,
        crashes = t.crashes + CASE WHEN chosen.lease_owner IS NOT NULL
-                                   AND chosen.status NOT IN {q.FINISHED} THEN 1 ELSE 0 END
+                                   AND chosen.status NOT IN {q.FINISHED} THEN 1 ELSE 0 END,
+       {q.start_pending(_LEASE_NOW, row="t.")}
   FROM chosen WHERE t.task_id = chosen.task_id
 RETURNING t.task_id, t.fence, t.crashes, t.head_version, t.created_at,
-          chosen.lease_owner IS NOT NULL AND chosen.status NOT IN {q.FINISHED} AS crashed
+          chosen.lease_owner IS NOT NULL AND chosen.status NOT IN {q.FINISHED} AS crashed,
+          chosen.status = 'pending' AS started
 """
 _RENEW = f"UPDATE tasks SET lease_until = {_CLOCK} + %s WHERE task_id = %s"
 _BREAK = ("UPDATE tasks SET lease_until = 0 WHERE task_id = %s AND lease_owner = %s"
@@ -267,7 +269,7 @@ class PostgresStore(SQLBackend):
             return None
         return Claim(row["task_id"], int(row["fence"]), crashed=bool(row["crashed"]),
                      crashes=int(row["crashes"]), head_version=int(row["head_version"]),
-                     created_at=float(row["created_at"]))
+                     created_at=float(row["created_at"]), started=bool(row["started"]))
 
     async def renew(self, claim: Claim, until: float) -> None:
         async with self._tx() as conn:

@@ -66,6 +66,17 @@ WAKE_ALL = "UPDATE tasks SET wake_at = ? WHERE status = ?"
 NEXT_EPOCH = "UPDATE tasks SET max_epoch = max_epoch + 1 WHERE task_id = ? RETURNING max_epoch"
 
 
+def start_pending(now: str = "?", row: str = "") -> str:
+    """A claim's own start of a pending task, as SET items of its UPDATE: what SET_STATUS
+    (running, no reason, no wake time) writes, at time *now*, and nothing to a task in any
+    other status. *row* qualifies the task row's columns where the UPDATE joins another."""
+    pending = f"{row}status = 'pending'"
+    return (f"status = CASE WHEN {pending} THEN 'running' ELSE {row}status END,"
+            f" reason = CASE WHEN {pending} THEN NULL ELSE {row}reason END,"
+            f" wake_at = CASE WHEN {pending} THEN NULL ELSE {row}wake_at END,"
+            f" updated_at = CASE WHEN {pending} THEN {now} ELSE {row}updated_at END")
+
+
 def wake_in(statuses: int) -> str:
     """Make a task due now if it is in one of *statuses* statuses (given as parameters)."""
     return f"UPDATE tasks SET wake_at = ? WHERE task_id = ? AND status IN ({', '.join('?' * statuses)})"

@@ -100,7 +100,8 @@ _CLAIMABLE = f"""SELECT 1 FROM tasks WHERE task_id = :task_id AND {_FREE} AND (
                              OR (status IN ('pending', 'running') AND wake_at IS NULL)))
     OR (status IN ('failed', 'completed') AND wake_at <= :now))"""
 _TAKE = ("UPDATE tasks SET lease_owner = ?, lease_until = ?, fence = fence + 1,"
-         " crashes = crashes + ? WHERE task_id = ? RETURNING fence, crashes")
+         " crashes = crashes + ?,"
+         f" {q.start_pending()} WHERE task_id = ? RETURNING fence, crashes")
 # Lease ends are this machine's clock (PostgreSQL's are the server's: its own statements).
 _RENEW = "UPDATE tasks SET lease_until = ? WHERE task_id = ?"
 _BREAK = ("UPDATE tasks SET lease_until = 0 WHERE task_id = ? AND lease_owner = ?"
@@ -408,9 +409,10 @@ def _execute(db: sqlite3.Connection, statement: Statement | Notify) -> Any:
 def _take(db: sqlite3.Connection, task: TaskRecord, worker: str, now: float, lease: float) -> Claim:
     """Lease *task* to *worker*: a new fence, and a crash counted if its holder never let go."""
     crashed = task.lease_owner is not None and task.status.value not in q.FINISHED
-    row = db.execute(_TAKE, (worker, now + lease, int(crashed), task.task_id)).fetchone()
+    row = db.execute(_TAKE, (worker, now + lease, int(crashed), now, task.task_id)).fetchone()
     return Claim(task.task_id, int(row["fence"]), crashed=crashed, crashes=int(row["crashes"]),
-                 head_version=task.head_version, created_at=task.created_at)
+                 head_version=task.head_version, created_at=task.created_at,
+                 started=task.status is Status.PENDING)
 
 
 def _put_head(db: sqlite3.Connection, task_id: str, version: int, keep: int, head: bytes,

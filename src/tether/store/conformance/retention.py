@@ -61,8 +61,8 @@ class RetentionConformance:
         await claim(store, "again", now + 2 * LEASE + 2, worker="w2")  # as often as the old one
         with pytest.raises(LeaseLost):
             await commit(store, stale, Status.COMPLETED, now + 2 * LEASE + 3, step=7)
-        record = await store.get_task("again")
-        assert (record.status, record.head_version) == (Status.PENDING, 1)
+        record = await store.get_task("again")  # as its own claim left it: started, version 1
+        assert (record.status, record.head_version) == (Status.RUNNING, 1)
 
     async def test_a_task_held_by_a_live_lease_is_not_deleted(self, store: Store) -> None:
         """Issue 19: deleting never races the worker that holds the task."""

@@ -191,6 +191,28 @@ class TaskConformance:
         assert second.fence > first.fence
         assert (await store.get_task("t1")).lease_owner == "w2"
 
+    async def test_a_claim_starts_a_pending_task_and_only_a_pending_one(self, store: Store
+                                                                        ) -> None:
+        """R2: the claim of a pending task shows it running at once (in the claim's own
+        transaction: no second write); a task already running (its holder died) keeps its
+        status, reason and due time, and its claim says it started nothing."""
+        now = time.time()
+        record = TaskRecord("later", "echo", Status.PENDING, now, now, 1)
+        await store.create_task(record, head("later"), wake_at=now + 5)
+        started = await store.claim("w1", now + 6, LEASE)
+        assert started is not None and started.task_id == "later" and started.started
+        shown = await store.get_task("later")
+        assert (shown.status, shown.reason, shown.wake_at) == (Status.RUNNING, None, None)
+        await commit(store, started, Status.RUNNING, now + 7, wake_at=now + 3600)
+        taken = await store.claim("w2", now + 7 + 2 * LEASE, LEASE)
+        assert taken is not None and taken.crashed and not taken.started
+        again = await store.get_task("later")
+        assert again.status is Status.RUNNING and again.wake_at == pytest.approx(now + 3600)
+        await make_task(store, "direct")
+        direct = await store.claim_task("direct", "w3", now, LEASE)
+        assert direct is not None and direct.started
+        assert (await store.get_task("direct")).status is Status.RUNNING
+
     # ------------------------------------------------------------------ due times (E6)
 
     async def test_a_scheduled_task_is_claimed_only_once_due(self, store: Store) -> None:
@@ -272,9 +294,10 @@ class TaskConformance:
 
     async def test_leased_tasks_are_the_unfinished_ones_a_worker_holds(self, store: Store
                                                                       ) -> None:
-        """Issue 29: a task claimed and not yet running (pending) is leased as much as a
-        running one (a worker killed between the two leaves it so); released and finished
-        tasks are not, and the soonest lease end comes first."""
+        """Issue 29: a task claimed and not yet committed (its claim started it: a worker
+        killed before its first checkpoint leaves it so) is leased as much as one that
+        committed; released and finished tasks are not, and the soonest lease end comes
+        first."""
         now = time.time()
         for task_id in ("claimed", "running", "parked", "free"):
             await make_task(store, task_id)
@@ -283,7 +306,7 @@ class TaskConformance:
         await commit(store, running, Status.RUNNING, now)
         await park(store, "parked", Status.WAITING, now)
         assert [(t.task_id, t.status, t.lease_owner) for t in await store.leased_tasks()] == [
-            ("running", Status.RUNNING, "w1"), ("claimed", Status.PENDING, "w2")]
+            ("running", Status.RUNNING, "w1"), ("claimed", Status.RUNNING, "w2")]
         assert [t.task_id for t in await store.leased_tasks(limit=1)] == ["running"]
 
     async def test_a_lease_broken_for_a_dead_holder_is_claimable_at_once(self, store: Store
