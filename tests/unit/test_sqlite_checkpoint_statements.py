@@ -81,3 +81,4 @@ async def test_r08_an_older_tasks_new_head_takes_the_oldest_kept_rows_place(
     inserted = count(said, "INSERT INTO SNAPSHOTS")
     assert inserted == KEEP - 1  # versions 2..KEEP: then each head reuses the oldest row
     assert count(said, "UPDATE SNAPSHOTS") == commits - inserted
+    assert count(said, "DELETE FROM SNAPSHOTS") == 0  # one falls out, one is reused: none left

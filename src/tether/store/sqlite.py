@@ -112,10 +112,11 @@ _RELEASE = "UPDATE tasks SET lease_owner = NULL, lease_until = ?, fence = fence 
 _REUSE_SNAPSHOT = ("UPDATE snapshots SET version = ?, created_at = ?, head = ? WHERE rowid = ("
                    " SELECT rowid FROM snapshots WHERE task_id = ? AND version <= ? ORDER BY version"
                    " LIMIT 1)")
-# A checkpoint's one read before it writes: the fence and the newest version (a rollback may
-# have left versions above the head), in one statement.
+# A checkpoint's one read before it writes: the fence, the newest version (a rollback may
+# have left versions above the head) and the oldest kept (see _put_head), in one statement.
 _FENCE_AND_NEWEST = ("SELECT fence, head_version, status, wake_at, lease_until, (SELECT MAX(version)"
-                     " FROM snapshots WHERE task_id = ?1) AS newest FROM tasks WHERE task_id = ?1")
+                     " FROM snapshots WHERE task_id = ?1) AS newest, (SELECT MIN(version)"
+                     " FROM snapshots WHERE task_id = ?1) AS oldest FROM tasks WHERE task_id = ?1")
 # No array parameters in SQLite: the digests come as one JSON list.
 _NEWEST_ROWS = ("SELECT (SELECT COALESCE(MAX(id), 0) FROM events) AS events,"
                 " (SELECT COALESCE(MAX(rowid), 0) FROM tasks) AS tasks")
@@ -299,7 +300,7 @@ class SQLiteStore(SQLBackend):
                 [row[0] for row in db.execute(q.PENDING_EVENT_IDS, (task_id,))], checkpoint):
             raise steps.inbox_moved(task_id)  # the file's write lock: no event lands meanwhile
         version = steps.version_after(int(task["head_version"]), task)
-        _put_head(db, task_id, version, keep, checkpoint.head, now)
+        _put_head(db, task_id, (version, task["oldest"]), keep, checkpoint.head, now)
         failpoint("mid_checkpoint")
         for batch in steps.checkpoint_batches(task_id, checkpoint, now):  # the hot path: direct
             db.executemany(batch.sql, batch.params)
@@ -415,20 +416,23 @@ def _take(db: sqlite3.Connection, task: TaskRecord, worker: str, now: float, lea
                  started=task.status is Status.PENDING)
 
 
-def _put_head(db: sqlite3.Connection, task_id: str, version: int, keep: int, head: bytes,
-              now: float) -> None:
-    """Store the new head in the row of the oldest version that falls out of the kept ones.
+def _put_head(db: sqlite3.Connection, task_id: str, versions: tuple[int, int | None], keep: int,
+              head: bytes, now: float) -> None:
+    """Store the new head (*versions*: its number, and the oldest the task keeps now) in the
+    row of the oldest version that falls out of the kept ones.
 
     Rewriting a row in place dirties its page and one index page; inserting and deleting
     a ~2 KB row each time also split, freed and reallocated pages, twice the WAL frames
-    to fsync per step. Versions beyond *keep* left over (keep was lowered) are dropped.
+    to fsync per step. Versions beyond *keep* left over (keep was lowered: more than one
+    falls out at once, so the oldest was below the one reused) are dropped.
     """
+    version, oldest = versions
     oldest_dropped = version - keep  # no version is below 1: a young task has none to reuse
     if oldest_dropped < 1 or db.execute(
             _REUSE_SNAPSHOT, (version, now, head, task_id, oldest_dropped)).rowcount == 0:
         db.execute(q.INSERT_SNAPSHOT, (task_id, version, now, head))
-    if version > keep:
-        db.execute(q.DROP_SNAPSHOTS_TO, (task_id, version - keep))
+    if oldest is not None and oldest < oldest_dropped:
+        db.execute(q.DROP_SNAPSHOTS_TO, (task_id, oldest_dropped))
 
 
 def _update_task(task_id: str, version: int, checkpoint: Checkpoint,
