@@ -98,8 +98,8 @@ async def test_r01_r10_the_answer_and_its_first_calls_resume_point_are_one_commi
         info = await h.get(task_id)
     assert info.record.status is tt.Status.COMPLETED, info.record.reason
     assert refunds == [("A1", ["resume"])]  # one commit before the refund ran: both in it
-    # then the refund's result, and the final answer written with the end it carries out
-    assert commits[0].said == ["resume", "plain", "plain"]
+    # then the refund's result, the second answer, and the end it carries out
+    assert commits[0].said == ["resume", "plain", "plain", "plain"]
     assert plans == ["step 0", "step 1"]
 
 

@@ -273,24 +273,20 @@ class Runner:
             await self._commit_if_asked()
 
     def _plan_rides_with_call(self) -> bool:
-        """Whether the plan just made is left for the next commit, which writes it with what
-        it leads to.
+        """Whether the plan just made is left for its first call's resume point to commit.
 
         A model answer whose first action is a call that can start at once is written in
         one commit with that call's resume point, so a tool call costs one commit, and the
         answer is still in the store before anything of it runs. A call that may wait first
         (a limit's slot) gets the answer committed on its own: a kill while it waits must
         not cost the completion. If the resume point is refused (a message arrived), the
-        answer is committed with the events the loop then applies. A final answer (the
-        task's one Finish) is written with the task's end: nothing runs between them."""
+        answer is committed with the events the loop then applies. Any other answer (a
+        final one too) is committed at once: riding with the task's end would save a commit
+        per task, but a kill between the two would cost a completion a real model bills."""
         frame = self.snap.frame
-        if not (self._planned and self._commit_asked and self.snap.call is None
-                and frame.agenda):
-            return False
-        if len(frame.agenda) == 1 and frame.agenda[0].kind == "finish" \
-                and len(self.snap.stack) == 1:
-            return True
-        if self._inbox_seen is None or frame.agenda[0].kind != "tool_call":
+        if not (self._planned and self._commit_asked and self._inbox_seen is not None
+                and self.snap.call is None and frame.agenda
+                and frame.agenda[0].kind == "tool_call"):
             return False
         tool = self.tools.get(str(frame.agenda[0].action["name"]))
         return tool is not None and not tool.limits

@@ -99,13 +99,13 @@ KILL_POINTS = (
     KillPoint("mid_checkpoint@4", "while the refund's result is committed", 1, 0, 1,
               in_doubt=True),
     KillPoint("after_checkpoint@4", "the refund's result committed", 1, 0, 1),
-    KillPoint("mid_checkpoint@5", "while the final answer is committed with the end", 2, 1, 1),
+    KillPoint("mid_checkpoint@5", "while the second answer is committed", 2, 1, 1),
 )
 """The dangerous instants of one task (two calls in one answer, then a final answer). Under
 :data:`KILL_SETTINGS` its checkpoints are, in order: 1 the answer with the lookup's resume
 point (an answer whose first call can start at once is written in one commit with that
 call's resume point), 2 lookup's result, 3 the refund's resume point, 4 the refund's result,
-5 the second (final) answer with the task's end. Each test first checks that the kill landed where it says
+5 the second answer, 6 the end. Each test first checks that the kill landed where it says
 (what the fake was asked, what the store and the ledger hold), so an engine that commits
 otherwise fails with "the kill did not land ..." rather than testing some other instant."""
 
