@@ -143,3 +143,30 @@ async def test_a_schema_4_store_gains_schedule_claims_and_keeps_its_schedules(
         taken = await h.store.claim_due_schedules(kept.next_at, hold=60.0)
         assert [s.name for s in taken] == ["hourly"]
         assert await h.store.claim_due_schedules(kept.next_at + 1) == []  # held by the first
+
+
+def test_r08_the_schema_sql_is_read_from_the_package_folder_or_through_its_loader(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 30: a resumed process reads the schema straight from the package's folder (the
+    import machinery's readers cost a resume milliseconds); where the package is no folder
+    (a zip), its loader gives the same text."""
+    from importlib import resources
+
+    from tether.store import sqlite_schema
+
+    shipped = resources.files("tether.store").joinpath("sql/sqlite_schema.sql").read_text()
+    read: list[Path] = []
+    real_read = Path.read_text
+
+    def reading(path: Path, *args: object, **kwargs: object) -> str:
+        read.append(path)
+        return real_read(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "read_text", reading)
+    sqlite_schema._sql.cache_clear()
+    assert sqlite_schema._sql("sqlite_schema.sql") == shipped
+    assert read == [Path(sqlite_schema.__file__).with_name("sql") / "sqlite_schema.sql"]
+    monkeypatch.setattr(Path, "is_file", lambda path: False)  # as inside a zip
+    sqlite_schema._sql.cache_clear()
+    assert sqlite_schema._sql("sqlite_schema.sql") == shipped
+    sqlite_schema._sql.cache_clear()
