@@ -612,3 +612,29 @@ def test_r10_r26_a_resume_without_the_code_of_a_task_parked_on_an_idempotent_cal
     assert done.record.status is tt.Status.COMPLETED, (done.record.reason, site.strategies("t1"))
     assert done.snapshot.result["last"] == {"order": "t1.0", "balance": 1000}
     assert site.payments() == []
+
+
+def test_r14_r26_an_etag_resume_sent_twice_without_the_code_is_applied_once(site: Site) -> None:
+    """R14/R26: a person's resume names the view it was made on (``--etag``). Sent twice
+    from a command line without the app (a double submit), both are queued; the app's worker
+    applies one, the task goes on and pays its refund once. The same view sent again once
+    the task moved on is refused at once, and nothing is queued."""
+    env = {"SEAMS_MAX_RECOVERY": "1"}
+    site.submit("t1", "lookup", "refund")
+    killed(site.worker(failpoints="after_resume_point", env=env))
+    killed(site.worker(failpoints="after_resume_point", env=env))
+    exits_clean(site.worker("--until-idle", env=env))
+    parked = site.info("t1")
+    assert parked.record.status is tt.Status.NEEDS_HUMAN, parked.record.reason
+    for _ in range(2):
+        sent = site.cli("resume", "t1", "--etag", parked.etag)
+        assert sent.returncode == 0 and "resume queued" in said(sent), said(sent)
+    exits_clean(site.worker("--until-idle", env=env))
+    done = site.info("t1")
+    assert done.record.status is tt.Status.COMPLETED, (done.record.reason, site.strategies("t1"))
+    one_refund(site, "t1.1")
+    late = site.cli("resume", "t1", "--etag", parked.etag)
+    assert late.returncode != 0 and "no longer as it was shown" in said(late), said(late)
+    resumes = [e for e in site.run(lambda h: h.store.list_events("t1")) if e.event.type == "resume"]
+    assert len(resumes) == 2, resumes
+    assert site.created_in_cwd() == []

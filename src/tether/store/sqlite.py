@@ -300,7 +300,7 @@ class SQLiteStore(SQLBackend):
                 [row[0] for row in db.execute(q.PENDING_EVENT_IDS, (task_id,))], checkpoint):
             raise steps.inbox_moved(task_id)  # the file's write lock: no event lands meanwhile
         version = steps.version_after(int(task["head_version"]), task)
-        _put_head(db, task_id, (version, task["oldest"]), keep, checkpoint.head, now)
+        _put_head(db, task_id, version, task["oldest"], keep, checkpoint.head, now)
         failpoint("mid_checkpoint")
         for batch in steps.checkpoint_batches(task_id, checkpoint, now):  # the hot path: direct
             db.executemany(batch.sql, batch.params)
@@ -416,17 +416,16 @@ def _take(db: sqlite3.Connection, task: TaskRecord, worker: str, now: float, lea
                  started=task.status is Status.PENDING)
 
 
-def _put_head(db: sqlite3.Connection, task_id: str, versions: tuple[int, int | None], keep: int,
-              head: bytes, now: float) -> None:
-    """Store the new head (*versions*: its number, and the oldest the task keeps now) in the
-    row of the oldest version that falls out of the kept ones.
+def _put_head(db: sqlite3.Connection, task_id: str, version: int, oldest: int | None,
+              keep: int, head: bytes, now: float) -> None:
+    """Store the new head *version* in the row of the oldest version that falls out of the
+    kept ones (*oldest*: the oldest version the task keeps now).
 
     Rewriting a row in place dirties its page and one index page; inserting and deleting
     a ~2 KB row each time also split, freed and reallocated pages, twice the WAL frames
     to fsync per step. Versions beyond *keep* left over (keep was lowered: more than one
     falls out at once, so the oldest was below the one reused) are dropped.
     """
-    version, oldest = versions
     oldest_dropped = version - keep  # no version is below 1: a young task has none to reuse
     if oldest_dropped < 1 or db.execute(
             _REUSE_SNAPSHOT, (version, now, head, task_id, oldest_dropped)).rowcount == 0:
