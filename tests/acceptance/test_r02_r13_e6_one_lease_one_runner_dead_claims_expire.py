@@ -200,12 +200,13 @@ async def test_r13_each_lease_is_renewed_a_third_of_a_lease_after_it_was_taken_n
 
     starts: dict[str, list[float]] = {}  # each lease's start, as the worker gave it to the store
     renewed_after: list[float] = []
-    claim, renew = h.store.claim, h.store.renew
+    claim_many, renew = h.store.claim_many, h.store.renew
 
-    async def claiming(worker: str, now: float, lease_seconds: float, busy: Any = ()) -> Any:
-        taken = await claim(worker, now, lease_seconds, busy=busy)
-        if taken is not None:
-            starts[taken.task_id] = [now]
+    async def claiming(worker: str, now: float, lease_seconds: float, most: int,
+                       busy: Any = ()) -> Any:
+        taken = await claim_many(worker, now, lease_seconds, most, busy=busy)
+        for claim in taken:
+            starts[claim.task_id] = [now]
         return taken
 
     async def renewing(held: Any, until: float) -> None:
@@ -213,7 +214,7 @@ async def test_r13_each_lease_is_renewed_a_third_of_a_lease_after_it_was_taken_n
         starts[held.task_id].append(until - lease)
         await renew(held, until)
 
-    monkeypatch.setattr(h.store, "claim", claiming)
+    monkeypatch.setattr(h.store, "claim_many", claiming)
     monkeypatch.setattr(h.store, "renew", renewing)
     tids = [await h.submit("a") for _ in range(5)]
     await h.run_until_idle(concurrency=1, timeout=20)  # one after another: claims spread out

@@ -245,16 +245,15 @@ async def test_e8_snapshot_from_newer_code_makes_an_old_worker_back_off():
     head["format"] = SNAPSHOT_FORMAT + 1  # written by a newer worker
     h.store._db.execute("UPDATE snapshots SET head = ? WHERE task_id = ?",
                         (orjson.dumps(head), tid))
-    original = h.store.claim
+    original = h.store.claim_many
     claims: list[str] = []
 
-    async def counting_claim(*args: Any, **kwargs: Any) -> Any:
-        claim = await original(*args, **kwargs)
-        if claim is not None:
-            claims.append(claim.task_id)
-        return claim
+    async def counting_claims(*args: Any, **kwargs: Any) -> Any:
+        taken = await original(*args, **kwargs)
+        claims.extend(claim.task_id for claim in taken)
+        return taken
 
-    h.store.claim = counting_claim  # type: ignore[method-assign]
+    h.store.claim_many = counting_claims  # type: ignore[method-assign]
     stop = asyncio.Event()
     server = asyncio.create_task(h.serve(stop=stop))
     await asyncio.sleep(0.8)

@@ -60,9 +60,8 @@ every ``poll_interval`` instead, so waiting costs what it did."""
 IDLE_WATCH = 2.0
 """Seconds an idle worker's watcher waits between looks (a polling store) or LISTENs before
 asking again (PostgreSQL, told at once by NOTIFY); it wakes as soon as a task starts."""
-CLAIMS_AT_ONCE = 8
-"""Claims a worker makes side by side when it has free slots (the SQLite store looks at
-eight candidates per claim)."""
+CLAIMS_AT_ONCE = 32
+"""The most tasks a worker with free slots claims in one batch (one transaction)."""
 
 
 
@@ -279,26 +278,21 @@ class Worker:
                                       task.task_id, holder)
 
     async def _fill(self) -> bool:
-        """Claim work for the free slots, a few claims at a time (a store may take them in one
+        """Claim work for the free slots, a batch at a time (one look at the candidates, one
         transaction: after a crash, a thousand orphaned tasks are not a thousand fsyncs)."""
         claimed = False
         while len(self.active) < self.concurrency:
             wave = min(self.concurrency - len(self.active), CLAIMS_AT_ONCE)
             busy, now, clock = tuple(self.active), time.time(), time.monotonic()
-            claims = await asyncio.gather(*(self.harness.store.claim(
-                self.harness.worker_id, now, self.harness.settings.lease_seconds, busy=busy)
-                for _ in range(wave)), return_exceptions=True)
+            claims = await self.harness.store.claim_many(
+                self.harness.worker_id, now, self.harness.settings.lease_seconds, wave, busy=busy)
             for claim in claims:
-                if isinstance(claim, Claim):  # run what was taken before raising any error
-                    claimed = True
-                    self._claims[claim.task_id] = claim
-                    self._renewals.started(claim.task_id, clock)
-                    self.active[claim.task_id] = asyncio.create_task(self._run_one(claim))
-                    self._started.set()
-            for claim in claims:
-                if isinstance(claim, BaseException):
-                    raise claim
-            if None in claims:
+                claimed = True
+                self._claims[claim.task_id] = claim
+                self._renewals.started(claim.task_id, clock)
+                self.active[claim.task_id] = asyncio.create_task(self._run_one(claim))
+                self._started.set()
+            if len(claims) < wave:
                 break
         return claimed
 

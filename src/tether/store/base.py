@@ -227,6 +227,13 @@ class WorkerStore(SnapshotReads, Protocol):
         server's), moving *now* and lease ends by the caller's offset from that clock, so
         a worker whose clock is off holds its leases exactly as long as any other."""
 
+    async def claim_many(self, worker: str, now: float, lease: float, most: int,
+                         busy: Collection[str] = ()) -> list[Claim]:
+        """Lease up to *most* tasks that have work to do, in one transaction and from one
+        look at the candidates (soonest due first), as :meth:`claim` leases one: a worker
+        with many free slots (one recovering a thousand orphaned tasks) pays one round
+        trip and one fsync per batch, not per task."""
+
     async def claim_task(self, task_id: str, worker: str, now: float, lease: float) -> Claim | None:
         """Lease one particular task if no live lease holds it."""
 

@@ -87,7 +87,7 @@ _TAKE = f"""
 WITH chosen AS (
     SELECT task_id, lease_owner, status FROM tasks
      WHERE {{where}}
-     ORDER BY lease_owner IS NULL, COALESCE(wake_at, created_at) LIMIT 1
+     ORDER BY lease_owner IS NULL, COALESCE(wake_at, created_at) LIMIT %(most)s
      FOR UPDATE SKIP LOCKED
 )
 UPDATE tasks t SET lease_owner = %(worker)s, lease_until = {_LEASE_NOW} + %(lease)s,
@@ -251,25 +251,31 @@ class PostgresStore(SQLBackend):
 
     async def claim(self, worker: str, now: float, lease: float,
                     busy: Collection[str] = ()) -> Claim | None:
+        taken = await self.claim_many(worker, now, lease, 1, busy)
+        return taken[0] if taken else None
+
+    async def claim_many(self, worker: str, now: float, lease: float, most: int,
+                         busy: Collection[str] = ()) -> list[Claim]:
         return await self._take(_CLAIMABLE, {"now": now, "ahead": now - time.time(),
-                                             "busy": list(busy), "worker": worker, "lease": lease})
+                                             "busy": list(busy), "worker": worker, "lease": lease,
+                                             "most": most})
 
     async def claim_task(self, task_id: str, worker: str, now: float, lease: float) -> Claim | None:
         await self.get_task(task_id)
-        return await self._take(f"task_id = %(task_id)s AND (lease_until IS NULL"
-                                f" OR lease_until < {_LEASE_NOW})",
-                                {"ahead": now - time.time(), "task_id": task_id,
-                                 "worker": worker, "lease": lease})
+        taken = await self._take(f"task_id = %(task_id)s AND (lease_until IS NULL"
+                                 f" OR lease_until < {_LEASE_NOW})",
+                                 {"ahead": now - time.time(), "task_id": task_id,
+                                  "worker": worker, "lease": lease, "most": 1})
+        return taken[0] if taken else None
 
-    async def _take(self, where: str, params: dict[str, Any]) -> Claim | None:
+    async def _take(self, where: str, params: dict[str, Any]) -> list[Claim]:
         async with self._tx() as conn, conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(_TAKE.replace("{where}", where), params)
-            row = await cur.fetchone()
-        if row is None:
-            return None
-        return Claim(row["task_id"], int(row["fence"]), crashed=bool(row["crashed"]),
-                     crashes=int(row["crashes"]), head_version=int(row["head_version"]),
-                     created_at=float(row["created_at"]), started=bool(row["started"]))
+            rows = await cur.fetchall()
+        return [Claim(row["task_id"], int(row["fence"]), crashed=bool(row["crashed"]),
+                      crashes=int(row["crashes"]), head_version=int(row["head_version"]),
+                      created_at=float(row["created_at"]), started=bool(row["started"]))
+                for row in rows]
 
     async def renew(self, claim: Claim, until: float) -> None:
         async with self._tx() as conn:

@@ -300,6 +300,14 @@ class CachedStore:
         self._remember(claim, started + lease / 2)
         return claim
 
+    async def claim_many(self, worker: str, now: float, lease: float, most: int,
+                         busy: Collection[str] = ()) -> list[Claim]:
+        started = time.monotonic()
+        taken = await self.inner.claim_many(worker, now, lease, most, busy)
+        for claim in taken:
+            self._remember(claim, started + lease / 2)
+        return taken
+
     async def claim_task(self, task_id: str, worker: str, now: float, lease: float) -> Claim | None:
         started = time.monotonic()
         claim = await self.inner.claim_task(task_id, worker, now, lease)

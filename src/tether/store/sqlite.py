@@ -93,7 +93,10 @@ _BRANCHES = (
 )
 # Each branch is its own query stopping at a few rows in index order (as one compound query,
 # SQLite sorted every matching row on each claim): a backlog is never sorted per claim.
-_CANDIDATES = tuple(f"{branch} LIMIT 8" for branch in _BRANCHES)
+_CANDIDATES = tuple(f"{branch} LIMIT :looked_at" for branch in _BRANCHES)
+SPARE_CANDIDATES = 7
+"""Candidates looked at beyond the tasks a claim asks for: other workers may take some of
+them between the read and the lock."""
 # The same test for one row, under the write lock (another worker may have just taken it).
 _CLAIMABLE = f"""SELECT 1 FROM tasks WHERE task_id = :task_id AND {_FREE} AND (
     (status IN {q.OPEN} AND (lease_owner IS NOT NULL OR wake_at <= :now
@@ -199,28 +202,38 @@ class SQLiteStore(SQLBackend):
 
     async def claim(self, worker: str, now: float, lease: float,
                     busy: Collection[str] = ()) -> Claim | None:
+        taken = await self.claim_many(worker, now, lease, 1, busy)
+        return taken[0] if taken else None
+
+    async def claim_many(self, worker: str, now: float, lease: float, most: int,
+                         busy: Collection[str] = ()) -> list[Claim]:
         """Find candidates with a plain read, then take the first still free under the lock."""
         self.file.check()  # every claim round, so an idle worker notices too
-        params = {"now": now, "busy": orjson.dumps(list(busy)).decode()}
+        looked_at = most + SPARE_CANDIDATES
+        params = {"now": now, "busy": orjson.dumps(list(busy)).decode(), "looked_at": looked_at}
         found = [row for query in _CANDIDATES for row in self._db.execute(query, params)]
-        candidates = [row["task_id"] for row in sorted(found, key=lambda row: row["due"])[:8]]
+        candidates = [row["task_id"] for row in sorted(found, key=lambda row: row["due"])
+                      ][:looked_at]
         if not candidates:
-            return None
+            return []
         self.file.refuse_if_replaced()
         self.damage.refuse_writes()
         return await self._group.write(  # claims made together share a transaction
-            lambda db: self._take_first(db, candidates, params, worker, lease))
+            lambda db: self._take_free(db, candidates, params, worker, lease, most))
 
-    def _take_first(self, db: sqlite3.Connection, candidates: list[str], params: dict[str, Any],
-                    worker: str, lease: float) -> Claim | None:
-        """The first candidate still free under the lock (a claim in the same batch, or
-        another process, may have taken the others)."""
+    def _take_free(self, db: sqlite3.Connection, candidates: list[str], params: dict[str, Any],
+                   worker: str, lease: float, most: int) -> list[Claim]:
+        """Up to *most* candidates still free under the lock (a claim in the same batch, or
+        another process, may have taken some)."""
         self.file.check()
+        taken: list[Claim] = []
         for task_id in candidates:
+            if len(taken) == most:
+                break
             if db.execute(_CLAIMABLE, {**params, "task_id": task_id}).fetchone():
                 task = self._run(db, steps.get_task(task_id))
-                return _take(db, task, worker, params["now"], lease)
-        return None
+                taken.append(_take(db, task, worker, params["now"], lease))
+        return taken
 
     async def claim_task(self, task_id: str, worker: str, now: float, lease: float) -> Claim | None:
         with self._transaction() as db:

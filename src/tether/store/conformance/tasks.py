@@ -168,6 +168,30 @@ class TaskConformance:
         assert claims.count(None) == 3
         assert await store.claim("w2", now, LEASE) is None
 
+    async def test_a_batch_claim_takes_the_soonest_due_up_to_its_size(self, store: Store
+                                                                      ) -> None:
+        """R13, E7: one batch claim takes at most its size, the soonest due first, never a
+        busy task; a second batch takes the rest; batches made side by side never hand one
+        task to two; with no work left a batch is empty."""
+        import asyncio
+
+        now = time.time()
+        for n in range(9):
+            await make_task(store, f"t{n}", created_at=now - 20 + n)
+        first = await store.claim_many("w1", now, LEASE, 3, busy=("t0",))
+        assert sorted(c.task_id for c in first) == ["t1", "t2", "t3"]
+        assert all(c.started and not c.crashed for c in first)
+        for held in first:
+            record = await store.get_task(held.task_id)
+            assert record.lease_owner == "w1" and record.status is Status.RUNNING
+        side_by_side = await asyncio.gather(*(store.claim_many("w2", now, LEASE, 2)
+                                              for _ in range(4)))
+        taken = [c.task_id for batch in side_by_side for c in batch]
+        assert sorted(taken) == ["t0", "t4", "t5", "t6", "t7", "t8"]
+        assert await store.claim_many("w3", now, LEASE, 5) == []
+        later = await store.claim_many("w3", now + LEASE + 1, LEASE, 2)
+        assert len(later) == 2 and all(c.crashed for c in later)
+
     async def test_claim_returns_none_without_work(self, store: Store) -> None:
         """E7: an empty store (or one with only idle tasks) has nothing to claim."""
         assert await store.claim("w1", time.time(), LEASE) is None
