@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import orjson
 
+from tether.errors import StoreError
 from tether.store import queries as q
 from tether.store.base import LimitAnswer, LimitRequest, LimitUsage
 from tether.store.steps import Notify, Steps, change, every, one
@@ -24,24 +25,22 @@ was let go (a holder that died frees its slot only when its task is taken over).
 
 def acquire(request: LimitRequest, now: float) -> Steps[LimitAnswer]:
     name, key = request.name, request.key
-    yield change(q.LIMIT_SIZED_ROW, name, key, _size(request))
+    yield change(q.LIMIT_SIZED_ROW, name, key, size_of(request))
     lock = yield one(q.LIMIT_LOCK, name, key, lock=True)
     blocked = lock["blocked_until"] if lock is not None else None
     if blocked is not None and blocked > now:
-        return (yield from _hold_back(request, now, float(blocked),
-                                      "the provider asked everyone to wait (429)"))
+        return (yield from _hold_back(request, now, float(blocked), "blocked"))
     if request.concurrency is not None:
         yield change(q.LIMIT_DROP_DEAD_HOLDS, name, key)
         holders = [row["holder"] for row in (yield every(q.LIMIT_HOLDS, name, key))]
         if request.holder in holders:
             return LimitAnswer(True)  # taken already (a retried admission)
         if len(holders) >= request.concurrency:
-            return (yield from _hold_back(request, now, now + BACKSTOP,
-                                          f"{len(holders)} of {request.concurrency} in use"))
+            return (yield from _hold_back(request, now, now + BACKSTOP, "full", len(holders)))
     ahead = yield from _waiter_ahead(request, now)
     if ahead is not None:
         yield from _wake(ahead, now)  # a slot is free: the one ahead takes it first
-        return (yield from _hold_back(request, now, now + BACKSTOP, "others wait ahead"))
+        return (yield from _hold_back(request, now, now + BACKSTOP, "ahead"))
     windows = [w for w in (request.rate, request.tokens) if w is not None]
     if windows:
         yield change(q.LIMIT_FORGET_GRANTS, name, key, now - max(s for _, s in windows))
@@ -60,6 +59,27 @@ def acquire(request: LimitRequest, now: float) -> Steps[LimitAnswer]:
     return LimitAnswer(True)
 
 
+def held_back(request: LimitRequest, retry_at: float, reason: str, amount: float = 0
+              ) -> LimitAnswer:
+    """A refusal, worded for people from its *reason* ('blocked', 'full', 'ahead', 'rate',
+    'tokens', as these steps and PostgreSQL's ``tether_acquire_limit`` give it) and the
+    *amount* it names (slots in use, admissions or tokens in the window)."""
+    if reason == "blocked":
+        why = "the provider asked everyone to wait (429)"
+    elif reason == "full":
+        why = f"{int(amount)} of {request.concurrency} in use"
+    elif reason == "ahead":
+        why = "others wait ahead"
+    elif reason == "rate" and request.rate is not None:
+        why = f"{request.rate[0]} admitted in the last {request.rate[1]:g}s"
+    elif reason == "tokens" and request.tokens is not None:
+        why = f"{int(amount)} of {request.tokens[0]} tokens used in the last {request.tokens[1]:g}s"
+    else:
+        raise StoreError(f"limit {request.name!r}: the store held a call back for a reason"
+                         f" this tether does not know ({reason!r}); upgrade tether")
+    return LimitAnswer(False, retry_at, why)
+
+
 def _window_full(request: LimitRequest, now: float) -> Steps[LimitAnswer | None]:
     """Held back if the rate window holds its count of admissions, or the token window
     the tokens the admitted calls reported; None if there is room in both."""
@@ -68,14 +88,13 @@ def _window_full(request: LimitRequest, now: float) -> Steps[LimitAnswer | None]
         window = yield one(q.LIMIT_GRANTS, request.name, request.key, now - seconds)
         if window is not None and int(window["n"]) >= count:
             return (yield from _hold_back(request, now, float(window["oldest"]) + seconds,
-                                          f"{count} admitted in the last {seconds:g}s"))
+                                          "rate", int(window["n"])))
     if request.tokens is not None:
         budget, seconds = request.tokens
         window = yield one(q.LIMIT_GRANTS, request.name, request.key, now - seconds)
         if window is not None and int(window["tokens"]) >= budget:
             return (yield from _hold_back(request, now, float(window["oldest"]) + seconds,
-                                          f"{int(window['tokens'])} of {budget} tokens used in"
-                                          f" the last {seconds:g}s"))
+                                          "tokens", int(window["tokens"])))
     return None
 
 
@@ -96,11 +115,11 @@ def _waiter_ahead(request: LimitRequest, now: float) -> Steps[str | None]:
     return None if row is None else str(row["task_id"])
 
 
-def _hold_back(request: LimitRequest, now: float, retry_at: float, why: str
-               ) -> Steps[LimitAnswer]:
+def _hold_back(request: LimitRequest, now: float, retry_at: float, reason: str,
+               amount: float = 0) -> Steps[LimitAnswer]:
     yield change(q.LIMIT_WAIT, request.name, request.key, request.task_id, request.priority, now,
                  retry_at + BACKSTOP)
-    return LimitAnswer(False, retry_at, why)
+    return held_back(request, retry_at, reason, amount)
 
 
 def release(name: str, key: str, holder: str, now: float) -> Steps[None]:
@@ -135,7 +154,7 @@ def usage(now: float) -> Steps[list[LimitUsage]]:
             for row in found]
 
 
-def _size(request: LimitRequest) -> str:
+def size_of(request: LimitRequest) -> str:
     """The limit's size as stored: JSON, the same text for the same size."""
     return orjson.dumps({"concurrency": request.concurrency, "rate": request.rate,
                          "tokens": request.tokens}).decode()

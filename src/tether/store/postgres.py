@@ -48,10 +48,10 @@ from typing import Any, TypeVar
 from tether.errors import MissingExtra, StoreError, TaskNotFound
 from tether.failpoints import failpoint
 from tether.model import Status
+from tether.store import limit_steps, rows, steps
 from tether.store import queries as q
-from tether.store import rows, steps
 from tether.store.backend import SQLBackend
-from tether.store.base import Checkpoint, Claim, StoredEvent
+from tether.store.base import Checkpoint, Claim, LimitAnswer, LimitRequest, StoredEvent
 from tether.store.steps import Notify, Statement, Steps
 
 try:
@@ -107,6 +107,9 @@ _RELEASE = (f"UPDATE tasks SET lease_owner = NULL, lease_until = {_CLOCK} + %s, 
             " WHERE task_id = %s")
 _BLOBS = "SELECT digest, data FROM blobs WHERE digest = ANY(%s::text[])"
 _CHANNEL = "tether_work"
+_ACQUIRE = ("SELECT * FROM tether_acquire_limit(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
+            " %s, %s, %s)")
+_RELEASE_LIMIT = "SELECT tether_release_limit(%s, %s, %s, %s, %s) AS released"
 """NOTIFY channel: a task was created or an event stored (sent when the transaction commits)."""
 POOL_WAIT = 5.0
 """Seconds a store call waits for a pool connection (and the pool keeps reconnecting before
@@ -276,6 +279,34 @@ class PostgresStore(SQLBackend):
                       crashes=int(row["crashes"]), head_version=int(row["head_version"]),
                       created_at=float(row["created_at"]), started=bool(row["started"]))
                 for row in rows]
+
+    # ------------------------------------------------------------------ named limits
+
+    async def acquire_limit(self, request: LimitRequest, now: float) -> LimitAnswer:
+        """The shared steps in one round trip (``tether_acquire_limit``, migration 9): the
+        limit's row lock is held for one statement, not ten, so workers asking for the same
+        limit do not queue behind each other's round trips."""
+        rate, tokens = request.rate or (None, None), request.tokens or (None, None)
+        row = await self._one(_ACQUIRE, (
+            request.name, request.key, request.task_id, request.fence, request.holder,
+            request.priority, request.concurrency, *rate, *tokens, limit_steps.size_of(request),
+            now, limit_steps.BACKSTOP, _CHANNEL))
+        if row["granted"]:
+            return LimitAnswer(True)
+        return limit_steps.held_back(request, float(row["retry_at"]), str(row["reason"]),
+                                     float(row["amount"] or 0))
+
+    async def release_limit(self, name: str, key: str, holder: str, now: float) -> None:
+        await self._one(_RELEASE_LIMIT, (name, key, holder, now, _CHANNEL))
+
+    async def _one(self, sql: str, params: tuple[Any, ...]) -> dict[str, Any]:
+        """One statement of PostgreSQL's own on an autocommit connection (its own
+        transaction, one round trip); its one row."""
+        async with self._connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(sql, params)
+            row = await cur.fetchone()
+        assert row is not None, "a function call returns one row"
+        return row
 
     async def renew(self, claim: Claim, until: float) -> None:
         async with self._tx() as conn:
