@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from tether.store import open_store
-from tether.store.base import LimitAnswer, LimitRequest, Store
+from tether.store.base import LimitRequest, Store
 from tether.store.conformance.helpers import claim, make_task
 from tether.store.postgres import PostgresStore
 
