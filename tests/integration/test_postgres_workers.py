@@ -45,3 +45,21 @@ async def test_r19_an_idle_worker_is_woken_by_notify_not_by_its_poll(pg_url: str
     await serving
     await worker.close()
     await sender.close()
+
+
+async def test_r03_a_listener_that_starts_again_says_anything_may_have_changed(
+        pg_url: str) -> None:
+    """R3: a notice sent while a worker was not listening (its LISTEN connection broke and
+    came back) is lost; so the first look after LISTEN starts says "anything may have
+    changed" (None), and the worker then passes every running task's events on."""
+    from tether.store.postgres import PostgresStore
+
+    store = PostgresStore(pg_url)
+    assert await store.wait_for_change(0.05, 0.05) is None  # LISTEN just started
+    assert await store.wait_for_change(0.05, 0.05) == frozenset()  # nothing since
+    assert store._listener is not None
+    await store._listener.close()  # the connection breaks
+    with pytest.raises(tt.StoreError):
+        await store.wait_for_change(0.05, 0.05)
+    assert await store.wait_for_change(0.05, 0.05) is None  # listening again
+    await store.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,4 +50,38 @@ async def test_r13_a_lease_looked_after_once_its_task_ended_and_was_purged_is_le
     with caplog.at_level(logging.WARNING, logger="tether"):
         await worker._look_after("t1", claim, renew=True)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    await h.close()
+
+
+async def test_r03_the_keeper_reads_a_held_task_s_inbox_only_with_its_renewal(
+        tmp_path: Path) -> None:
+    """R3, R13: events other processes store reach a running task through the watcher, as
+    their notice arrives; the keeper reads a held task's inbox only when it renews the lease
+    (a backstop), not every round: each round read every held task's inbox before."""
+    h = tt.Harness(f"sqlite:///{tmp_path / 't.db'}")
+    worker = Worker(h, 1)
+    await h.store.create_task(_leased(0.0), b"{}")
+    claim = await h.store.claim_task("t1", h.worker_id, time.time(), 30.0)
+    assert claim is not None
+    reads: list[str] = []
+    pending_events = h.store.pending_events
+
+    async def counted(task_id: str) -> Any:
+        reads.append(task_id)
+        return await pending_events(task_id)
+
+    class Running:  # what the keeper asks of the task's runner
+        def unseen(self, events: list[Any]) -> list[Any]:
+            return events
+
+        def notify(self, priority: int) -> None: ...
+
+    h.store.pending_events = counted  # type: ignore[method-assign]
+    h.runners["t1"] = Running()  # type: ignore[assignment]
+    await worker._look_after("t1", claim, renew=False)
+    assert reads == []
+    await worker._look_after("t1", claim, renew=True)
+    assert reads == ["t1"]
+    renewed = (await h.store.get_task("t1")).lease_until or 0.0
+    assert abs(renewed - time.time() - h.settings.lease_seconds) < 5  # was 30 s out
     await h.close()

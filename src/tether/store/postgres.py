@@ -378,6 +378,7 @@ class PostgresStore(SQLBackend):
                 self._listener = await psycopg.AsyncConnection.connect(
                     self.url, autocommit=True, connect_timeout=5)
                 await self._listener.execute(f"LISTEN {_CHANNEL}")
+                return None  # notices sent before it listened are lost: look at everything
             async for notice in self._listener.notifies(timeout=timeout, stop_after=1):
                 return frozenset({notice.payload})
             return frozenset()
