@@ -47,6 +47,7 @@ import functools
 import os
 import sqlite3
 import time
+import weakref
 from collections.abc import Collection, Iterator
 from typing import Any, TypeVar
 
@@ -142,6 +143,9 @@ class SQLiteStore(SQLBackend):
         self._db.row_factory = sqlite3.Row  # rows are read by column name
         self._execute = functools.partial(_execute, self._db)
         self._group = GroupCommit(self._db, path)
+        self._rows_seen: weakref.WeakKeyDictionary[asyncio.Task[Any], tuple[int, int]] = \
+            weakref.WeakKeyDictionary()
+        """Per watching task, the newest rows its last look saw (see wait_for_change)."""
         self.file = FileIdentity(path)
         """The file this store opened, checked before every write."""
 
@@ -336,14 +340,22 @@ class SQLiteStore(SQLBackend):
         already in the cache; it also starts a fresh read, so commits of other processes are
         seen at once (``PRAGMA data_version`` alone lags until the connection reads)."""
         end = time.monotonic() + timeout
-        seen = self._newest_rows()
+        asking = asyncio.current_task()
+        seen = self._rows_seen.get(asking) if asking is not None else None
+        if seen is None:
+            seen = self._newest_rows()
+        if asking is not None:
+            self._rows_seen[asking] = seen
         while (left := end - time.monotonic()) > 0:
             if hurry is None:
                 await asyncio.sleep(min(poll, left))
             else:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(hurry.wait(), min(poll, left))
-            if self._newest_rows() != seen:
+            now_seen = self._newest_rows()
+            if now_seen != seen:
+                if asking is not None:  # the next look compares with this: what was stored
+                    self._rows_seen[asking] = now_seen  # while the caller acted is not missed
                 return None
             if hurry is not None and hurry.is_set():
                 break
