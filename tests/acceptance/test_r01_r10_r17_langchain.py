@@ -499,3 +499,28 @@ async def test_r10_a_tool_that_returns_a_command_ran_once_and_is_not_run_again(
 
     with pytest.raises(ConfigurationError, match="declared returns a Command"):
         LangChainAgent(create_agent(Scripted(responses=[]), tools=[declared]))
+
+
+@pytest.mark.parametrize("streams", [False, True])
+async def test_r17_a_model_that_streams_nothing_is_asked_plainly_after_its_first_answer(
+        tmp_path: Path, streams: bool) -> None:
+    """R17 (issue 27: streaming detected, not configured): LangChain asks a chat model that
+    cannot stream plainly, without a word; the adapter sees its first answer arrive with not
+    one piece streamed and asks plainly from then on (LangGraph's message stream and the
+    callbacks cost about 0.5 ms a call), while a model that streams keeps being streamed."""
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+
+    class Streaming(GenericFakeChatModel):
+        def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Any:
+            return self
+
+    answers = [calls(("lookup", {"order": "A1"})), AIMessage("A1 was paid 40.")]
+    model = Streaming(messages=iter(answers)) if streams else Scripted(responses=answers)
+    h = harness(tmp_path, create_agent(model, tools=shop_tools(Shop())))
+    agent = h.agents["support"]
+    assert isinstance(agent, LangChainAgent) and agent.streams()
+    info = await finished(h, await h.submit("support", "How much was A1?"))
+    assert info.record.status is tt.Status.COMPLETED, info.record.reason
+    assert info.snapshot.result == "A1 was paid 40."
+    assert agent.streams() is streams
+    await h.close()

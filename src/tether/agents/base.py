@@ -105,6 +105,13 @@ class ModelAgent(Agent):
         self.cannot_stream = True
         return True
 
+    def learn_streams_nothing(self) -> None:
+        """Called when a streamed request was answered without a single piece streamed (a
+        framework may quietly ask a model that cannot stream plainly): with ``stream=None``
+        it sends plain requests from now on, sparing the streaming machinery's cost."""
+        if self.stream is None:
+            self.cannot_stream = True
+
     async def request(self, once: Callable[[], Awaitable[T]], what: str,
                       partial: Callable[[], str] = str) -> tuple[T, float]:
         """One model request through the retries, and the seconds it took; a P0 (or a

@@ -233,8 +233,11 @@ class LangChainAgent(ModelAgent):
                 {"messages": list(history)}, config, context=self.context,
                 interrupt_before=[*self.tool_nodes, *self.stops], stream_mode=modes))
 
+        streamed = self.streams()
         (state, stopped), seconds = await self.request(once, f"agent {self.name}",
                                                        partial.text)
+        if streamed and not partial.heard:
+            self.learn_streams_nothing()  # LangChain asked the model plainly: it cannot stream
         return state, stopped, seconds
 
     def _config(self, key: str | None) -> RunnableConfig:
@@ -402,9 +405,11 @@ class _Partial(BaseCallbackHandler):
     def __init__(self) -> None:
         self.pieces: list[str] = []
         self.run: Any = None
+        self.heard = False
+        """Whether any model of the run streamed a piece (a token, or a chunk of a call)."""
 
     def clear(self) -> None:
-        self.pieces, self.run = [], None
+        self.pieces, self.run, self.heard = [], None, False
 
     def text(self) -> str:
         return "".join(self.pieces)
@@ -417,6 +422,7 @@ class _Partial(BaseCallbackHandler):
 
     def on_llm_new_token(self, token: str | list[str | dict[str, Any]], *, chunk: Any = None,
                          run_id: Any = None, **kwargs: Any) -> None:
+        self.heard = True
         if run_id != self.run:
             self.pieces, self.run = [], run_id
         message = getattr(chunk, "message", None)
