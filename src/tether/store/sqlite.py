@@ -211,13 +211,14 @@ class SQLiteStore(SQLBackend):
 
     async def claim_many(self, worker: str, now: float, lease: float, most: int,
                          busy: Collection[str] = ()) -> list[Claim]:
-        """Find candidates with a plain read, then take the first still free under the lock."""
+        """Find candidates with a plain read, soonest due first, then take up to *most* of
+        them still free under the lock."""
         self.file.check()  # every claim round, so an idle worker notices too
         looked_at = most + SPARE_CANDIDATES
         params = {"now": now, "busy": orjson.dumps(list(busy)).decode(), "looked_at": looked_at}
         found = [row for query in _CANDIDATES for row in self._db.execute(query, params)]
-        candidates = [row["task_id"] for row in sorted(found, key=lambda row: row["due"])
-                      ][:looked_at]
+        soonest = sorted(found, key=lambda row: row["due"])[:looked_at]
+        candidates = [row["task_id"] for row in soonest]
         if not candidates:
             return []
         self.file.refuse_if_replaced()
@@ -338,7 +339,9 @@ class SQLiteStore(SQLBackend):
         """SQLite cannot say what changed, only that it did: the newest row ids of the task
         and event tables move. Reading them is two lookups of a B-tree's last entry, pages
         already in the cache; it also starts a fresh read, so commits of other processes are
-        seen at once (``PRAGMA data_version`` alone lags until the connection reads)."""
+        seen at once (``PRAGMA data_version`` alone lags until the connection reads). Each
+        asking task's look compares with what its previous look saw, so what was stored
+        while it acted on that look is reported by the next."""
         end = time.monotonic() + timeout
         asking = asyncio.current_task()
         seen = self._rows_seen.get(asking) if asking is not None else None
