@@ -107,10 +107,11 @@ _RELEASE = (f"UPDATE tasks SET lease_owner = NULL, lease_until = {_CLOCK} + %s, 
             " WHERE task_id = %s")
 _BLOBS = "SELECT digest, data FROM blobs WHERE digest = ANY(%s::text[])"
 _CHANNEL = "tether_work"
+"""NOTIFY channel: a task was created or an event stored (sent when the transaction commits)."""
+# A named limit's admission and release, each one call of migration 9's functions.
 _ACQUIRE = ("SELECT * FROM tether_acquire_limit(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
             " %s, %s, %s)")
 _RELEASE_LIMIT = "SELECT tether_release_limit(%s, %s, %s, %s, %s) AS released"
-"""NOTIFY channel: a task was created or an event stored (sent when the transaction commits)."""
 POOL_WAIT = 5.0
 """Seconds a store call waits for a pool connection (and the pool keeps reconnecting before
 it gives up until asked again): an outage surfaces as StoreUnavailable within this."""

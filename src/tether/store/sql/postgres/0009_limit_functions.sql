@@ -5,11 +5,12 @@
 -- admission, all while holding the limit's row lock: 5.9 ms of lock per admission on a local
 -- server, so every worker asking for the same limit queued behind it and a concurrency limit
 -- handed its slots over at a third of SQLite's rate. These functions take the same steps in
--- the same order (keep the two in step: the named-limit conformance suite runs on both), in
--- the caller's transaction; called alone in autocommit, each is its own transaction.
+-- the same order, in the caller's transaction; called alone in autocommit, each is its own
+-- transaction. Keep the two in step: tests/integration/test_postgres_limits.py runs one
+-- script on both stores and requires the same answers.
 --
 -- A refusal says why as a code and a number ('blocked', 'full', 'ahead', 'rate', 'tokens';
--- tether.store.limit_steps.why words it). Waking a parked task notifies the channel the
+-- tether.store.limit_steps.held_back words it). Waking a parked task notifies the channel the
 -- workers listen on, as the steps' Notify does.
 
 CREATE OR REPLACE FUNCTION tether_limit_wake(p_task TEXT, p_now DOUBLE PRECISION,
@@ -22,13 +23,14 @@ BEGIN
     END IF;
 END $$;
 
-CREATE OR REPLACE FUNCTION tether_limit_wait(p_name TEXT, p_key TEXT, p_task TEXT,
-                                             p_priority INTEGER, p_now DOUBLE PRECISION,
-                                             p_expires DOUBLE PRECISION) RETURNS VOID
+CREATE OR REPLACE FUNCTION tether_limit_hold_back(p_name TEXT, p_key TEXT, p_task TEXT,
+                                                  p_priority INTEGER, p_now DOUBLE PRECISION,
+                                                  p_retry_at DOUBLE PRECISION,
+                                                  p_backstop DOUBLE PRECISION) RETURNS VOID
 LANGUAGE plpgsql VOLATILE AS $$
-BEGIN
+BEGIN  -- the task waits in the limit's line until its retry time and the backstop after it
     INSERT INTO limit_waiters (name, key, task_id, priority, since, expires)
-    VALUES (p_name, p_key, p_task, p_priority, p_now, p_expires)
+    VALUES (p_name, p_key, p_task, p_priority, p_now, p_retry_at + p_backstop)
     ON CONFLICT (name, key, task_id) DO UPDATE
        SET expires = excluded.expires,
            priority = LEAST(excluded.priority, limit_waiters.priority);
@@ -79,8 +81,9 @@ BEGIN
     SELECT blocked_until INTO blocked FROM limit_locks
      WHERE name = p_name AND key = p_key FOR UPDATE;
     IF blocked IS NOT NULL AND blocked > p_now THEN
-        PERFORM tether_limit_wait(p_name, p_key, p_task, p_priority, p_now, blocked + p_backstop);
         retry_at := blocked;
+        PERFORM tether_limit_hold_back(p_name, p_key, p_task, p_priority, p_now, retry_at,
+                                       p_backstop);
         reason := 'blocked';
         RETURN;
     END IF;
@@ -95,9 +98,9 @@ BEGIN
         END IF;
         SELECT count(*) INTO in_use FROM limit_holds WHERE name = p_name AND key = p_key;
         IF in_use >= p_concurrency THEN
-            PERFORM tether_limit_wait(p_name, p_key, p_task, p_priority, p_now,
-                                      p_now + 2 * p_backstop);
             retry_at := p_now + p_backstop;
+            PERFORM tether_limit_hold_back(p_name, p_key, p_task, p_priority, p_now, retry_at,
+                                           p_backstop);
             reason := 'full';
             amount := in_use;
             RETURN;
@@ -116,9 +119,9 @@ BEGIN
      ORDER BY priority, since, task_id LIMIT 1;
     IF ahead IS NOT NULL THEN  -- a slot is free: the one ahead takes it first
         PERFORM tether_limit_wake(ahead, p_now, p_channel);
-        PERFORM tether_limit_wait(p_name, p_key, p_task, p_priority, p_now,
-                                  p_now + 2 * p_backstop);
         retry_at := p_now + p_backstop;
+        PERFORM tether_limit_hold_back(p_name, p_key, p_task, p_priority, p_now, retry_at,
+                                       p_backstop);
         reason := 'ahead';
         RETURN;
     END IF;
@@ -129,9 +132,9 @@ BEGIN
             SELECT count(*), min(at) INTO counted, oldest FROM limit_grants
              WHERE name = p_name AND key = p_key AND at > p_now - p_rate_seconds;
             IF counted >= p_rate_count THEN
-                PERFORM tether_limit_wait(p_name, p_key, p_task, p_priority, p_now,
-                                          oldest + p_rate_seconds + p_backstop);
                 retry_at := oldest + p_rate_seconds;
+                PERFORM tether_limit_hold_back(p_name, p_key, p_task, p_priority, p_now,
+                                               retry_at, p_backstop);
                 reason := 'rate';
                 amount := counted;
                 RETURN;
@@ -141,9 +144,9 @@ BEGIN
             SELECT COALESCE(sum(tokens), 0), min(at) INTO counted, oldest FROM limit_grants
              WHERE name = p_name AND key = p_key AND at > p_now - p_token_seconds;
             IF counted >= p_token_budget THEN
-                PERFORM tether_limit_wait(p_name, p_key, p_task, p_priority, p_now,
-                                          oldest + p_token_seconds + p_backstop);
                 retry_at := oldest + p_token_seconds;
+                PERFORM tether_limit_hold_back(p_name, p_key, p_task, p_priority, p_now,
+                                               retry_at, p_backstop);
                 reason := 'tokens';
                 amount := counted;
                 RETURN;
