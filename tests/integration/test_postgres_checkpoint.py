@@ -7,14 +7,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Collection
 
 import psycopg
 import pytest
 
-from tether.errors import LeaseLost, TaskNotFound
+from tether.errors import InboxMoved, LeaseLost, TaskNotFound
 from tether.model import Status
 from tether.store.base import Checkpoint, Claim
-from tether.store.conformance.helpers import LEASE, claim, head, make_task
+from tether.store.conformance.helpers import LEASE, claim, event, head, limits, make_task
 from tether.store.postgres import PostgresStore
 
 pytestmark = pytest.mark.postgres
@@ -102,3 +103,55 @@ async def test_a_leader_cancelled_while_it_gathers_its_batch_still_sends_it(pg_u
     later = store.commit(c, checkpoint("c", 1), 10, now + LEASE)
     assert await asyncio.wait_for(later, 10) == 2
     await store.close()
+
+
+async def test_a_connection_stays_usable_whichever_refused_checkpoint_it_met(
+        pg_url: str) -> None:
+    """R4, R10 (CI failure after issue 30's pipelined inbox read): a checkpoint refused by the
+    server aborts the pipeline, so the inbox read queued behind it is skipped. Had psycopg
+    chosen that read to be prepared then, it would think it prepared and every later step on
+    the connection would fail ("prepared statement does not exist"). One connection, a
+    refusal after each number of written steps, and the step after it must be written."""
+    for written_before in range(9):
+        store = PostgresStore(pg_url, max_size=1)
+        name = f"t{written_before}"
+        await make_task(store, name)
+        lease = await claim(store, name, time.time())
+        seen: frozenset[int] = frozenset()
+        for step in range(1, written_before + 1):
+            await store.commit_reading(lease, reading(name, step, seen), 10, time.time() + LEASE)
+        arrived = (await store.add_event(event(name, "note"), 3, limits(), time.time())).event_id
+        with pytest.raises(InboxMoved):
+            await store.commit_reading(lease, reading(name, 100, seen), 10, time.time() + LEASE)
+        version, pending = await store.commit_reading(lease, reading(name, 101, {arrived}), 10,
+                                                      time.time() + LEASE)
+        assert version == written_before + 2
+        assert [e.event.id for e in pending or ()] == [arrived]
+        await store.close()
+
+
+async def test_a_connection_stays_usable_after_batches_with_a_stale_fence(pg_url: str) -> None:
+    """The batch path: a stale fence first in its batch aborts the transaction (every call
+    queued behind it skipped), round after round on one connection; the rest of each batch
+    is written on its own, and the batches after it together. (psycopg forgets its prepared
+    statements when it sees the rollback, so this path never met the failure above; the
+    test keeps it that way should the batch ever roll back to a savepoint instead.)"""
+    store = PostgresStore(pg_url, max_size=1)
+    stale, *good = await leased(store, [f"t{n}" for n in range(8)])
+    stale = dataclasses.replace(stale, fence=stale.fence - 1)
+    for step in range(1, 6):
+        found = await asyncio.gather(
+            *(store.commit(lease, checkpoint(lease.task_id, step), 10, time.time() + LEASE)
+              for lease in (stale, *good)), return_exceptions=True)
+        assert isinstance(found[0], LeaseLost)
+        assert found[1:] == [step + 1] * len(good)
+    assert await asyncio.gather(*(store.commit(lease, checkpoint(lease.task_id, 6), 10,
+                                               time.time() + LEASE) for lease in good)
+                                ) == [7] * len(good)
+    assert len(set(writers_of(pg_url, 7).values())) == 1
+    await store.close()
+
+
+def reading(task_id: str, step: int, seen: Collection[int]) -> Checkpoint:
+    return Checkpoint(head=head(task_id, Status.RUNNING, step), status=Status.RUNNING,
+                      inbox_seen=frozenset(seen))

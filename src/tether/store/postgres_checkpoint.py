@@ -12,6 +12,13 @@ one transaction in one pipeline (one round trip, one WAL flush). If anything in 
 (a stale fence raises, and PostgreSQL then aborts the whole transaction), nothing of it
 landed, and each checkpoint is sent again on its own, so only its own task gets its own
 error. A checkpoint handed in is written even if its caller is cancelled meanwhile.
+
+Statements sent in a pipeline are prepared from their first use (``prepare=True``). Left to
+psycopg's threshold, a statement whose turn to be prepared comes in an autocommit pipeline
+that an earlier statement aborted (a refused checkpoint, then the inbox read) is recorded as
+prepared though the server skipped it, and every later use of it on that connection fails
+("prepared statement does not exist"). Prepared from the start, its cache entry is checked
+against its result and dropped when the pipeline aborted.
 """
 
 from __future__ import annotations
@@ -145,7 +152,7 @@ class GroupCommit:
         try:
             async with self._connect() as conn:
                 async with conn.pipeline():
-                    cursor = await conn.execute(CALL, pending.params)
+                    cursor = await conn.execute(CALL, pending.params, prepare=True)
                     inbox = await _read_inbox(conn, pending)
                 row = await cursor.fetchone()
                 pending_events = None if inbox is None else await inbox.fetchall()
@@ -161,7 +168,8 @@ class GroupCommit:
         try:
             async with self._connect() as conn:
                 async with conn.pipeline(), conn.transaction():
-                    cursors = [await conn.execute(CALL, pending.params) for pending in batch]
+                    cursors = [await conn.execute(CALL, pending.params, prepare=True)
+                               for pending in batch]
                     inboxes = [await _read_inbox(conn, pending) for pending in batch]
                 versions = [await cursor.fetchone() for cursor in cursors]
                 read = [None if inbox is None else await inbox.fetchall() for inbox in inboxes]
@@ -183,7 +191,7 @@ async def _read_inbox(conn: psycopg.AsyncConnection[Any], pending: _Pending
     if not pending.read:
         return None
     cursor = conn.cursor(row_factory=dict_row)
-    await cursor.execute(INBOX, (pending.claim.task_id,))
+    await cursor.execute(INBOX, (pending.claim.task_id,), prepare=True)
     return cursor
 
 

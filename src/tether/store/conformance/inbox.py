@@ -17,6 +17,7 @@ from tether.errors import (
 from tether.model import EventStatus, IdempotencyRecord, OutcomeStatus, Status
 from tether.store.base import Checkpoint, HistoryRow, Store
 from tether.store.conformance.helpers import (
+    KEEP,
     LEASE,
     claim,
     commit,
@@ -377,6 +378,29 @@ class InboxConformance:
         assert consumed > version  # the event it consumes is not one it missed
         assert await commit(store, lease, Status.RUNNING, now, step=3, inbox_seen=frozenset(
             {seen, newer})) > consumed
+
+    async def test_a_store_goes_on_writing_between_refused_checkpoints(
+            self, store: Store) -> None:
+        """R4, R10: a refusal leaves nothing behind in the store's connections. Checkpoints
+        written and refused by turns, each reading the inbox in its round trip (a statement
+        queued behind the refused one): every written one lands and reads what is pending."""
+        now = time.time()
+        await make_task(store, "t1")
+        lease = await claim(store, "t1", now)
+        seen: frozenset[int] = frozenset()
+        for step in range(1, 21, 2):
+            version, pending = await store.commit_reading(lease, Checkpoint(
+                head=head("t1", Status.RUNNING, step), status=Status.RUNNING,
+                inbox_seen=seen), KEEP, now + LEASE)
+            assert version == (await store.get_task("t1")).head_version
+            assert pending is None or {e.event.id for e in pending} == seen
+            arrived = (await store.add_event(event("t1", "note", step), 3, limits(),
+                                             now)).event_id
+            with pytest.raises(InboxMoved):  # made before the event arrived
+                await store.commit_reading(lease, Checkpoint(
+                    head=head("t1", Status.RUNNING, step + 1), status=Status.RUNNING,
+                    inbox_seen=seen), KEEP, now + LEASE)
+            seen |= {arrived}
 
     async def test_recovery_log_round_trip(self, store: Store) -> None:
         """R23: recovery records come back whole, oldest first, per task."""
