@@ -1,7 +1,9 @@
 """The embedded default store: one SQLite file, no server (R13).
 
 WAL journal with ``synchronous=FULL`` by default, so an acknowledged event or
-tool result survives power loss, not just a crash. Every write transaction
+tool result survives power loss, not just a crash. A lease's bookkeeping alone (a claim,
+a renewal, a release) commits without the fsync (``sqlite_group_commit.Synced``): nothing
+depends on it surviving a power cut, and the next checkpoint syncs it. Every write transaction
 starts with ``BEGIN IMMEDIATE`` so concurrent worker processes queue on the
 write lock instead of failing with SQLITE_BUSY when a read upgrades.
 
@@ -61,7 +63,7 @@ from tether.store import rows, sqlite_integrity, sqlite_schema, steps
 from tether.store.backend import SQLBackend
 from tether.store.base import Checkpoint, Claim, StoredEvent
 from tether.store.sqlite_faults import Damage, guarded
-from tether.store.sqlite_group_commit import GroupCommit, write_transaction
+from tether.store.sqlite_group_commit import GroupCommit, Synced, write_transaction
 from tether.store.steps import Notify, Statement, Steps
 
 T = TypeVar("T")
@@ -142,7 +144,8 @@ class SQLiteStore(SQLBackend):
         sqlite_schema.prepare(self._db, path, synchronous, busy_timeout_ms, self.damage)
         self._db.row_factory = sqlite3.Row  # rows are read by column name
         self._execute = functools.partial(_execute, self._db)
-        self._group = GroupCommit(self._db, path)
+        self._synced = _synced(self._db)
+        self._group = GroupCommit(self._db, path, self._synced)
         self._rows_seen: weakref.WeakKeyDictionary[asyncio.Task[Any], tuple[int, int]] = \
             weakref.WeakKeyDictionary()
         """Per watching task, the newest rows its last look saw (see wait_for_change)."""
@@ -152,11 +155,12 @@ class SQLiteStore(SQLBackend):
     # ------------------------------------------------------------------ plumbing
 
     @contextlib.contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction, taken with the write lock up front, on the file opened."""
+    def _transaction(self, durable: bool = True) -> Iterator[sqlite3.Connection]:
+        """One write transaction, taken with the write lock up front, on the file opened;
+        not *durable* (a lease's bookkeeping), committed without an fsync (Synced)."""
         self.file.refuse_if_replaced()
         self.damage.refuse_writes()
-        with write_transaction(self._db, self.path) as db:
+        with write_transaction(self._db, self.path, None if durable else self._synced) as db:
             self.file.check()  # under the lock: nothing is written once the file is gone
             yield db
 
@@ -224,7 +228,8 @@ class SQLiteStore(SQLBackend):
         self.file.refuse_if_replaced()
         self.damage.refuse_writes()
         return await self._group.write(  # claims made together share a transaction
-            lambda db: self._take_free(db, candidates, params, worker, lease, most))
+            lambda db: self._take_free(db, candidates, params, worker, lease, most),
+            durable=False)
 
     def _take_free(self, db: sqlite3.Connection, candidates: list[str], params: dict[str, Any],
                    worker: str, lease: float, most: int) -> list[Claim]:
@@ -241,7 +246,7 @@ class SQLiteStore(SQLBackend):
         return taken
 
     async def claim_task(self, task_id: str, worker: str, now: float, lease: float) -> Claim | None:
-        with self._transaction() as db:
+        with self._transaction(durable=False) as db:
             task = self._run(db, steps.get_task(task_id))
             if task.lease_until is not None and task.lease_until >= now:
                 return None
@@ -257,7 +262,7 @@ class SQLiteStore(SQLBackend):
             raise self._missing(gone.task_id) from None
 
     async def renew(self, claim: Claim, until: float) -> None:
-        with self._transaction() as db:
+        with self._transaction(durable=False) as db:
             self._check_fence(db, claim)
             db.execute(_RENEW, (until, claim.task_id))
 
@@ -267,10 +272,10 @@ class SQLiteStore(SQLBackend):
 
     async def release(self, claim: Claim, hold_until: float | None = None) -> None:
         """Through the group commit: tasks ending together (a recovering worker's) share one
-        transaction and one fsync, instead of one each."""
+        transaction; committed without an fsync (Synced), like a claim."""
         self.file.refuse_if_replaced()
         self.damage.refuse_writes()
-        await self._group.write(lambda db: self._release(db, claim, hold_until))
+        await self._group.write(lambda db: self._release(db, claim, hold_until), durable=False)
 
     def _release(self, db: sqlite3.Connection, claim: Claim, hold_until: float | None) -> None:
         self.file.check()
@@ -410,6 +415,19 @@ class FileIdentity:
                          f" ({change}); stopping: nothing more is written to it (start again on"
                          " the file there now, or put back the one you meant)")
         raise StoreReplaced(self.replaced)
+
+
+_LEVELS = {2: "FULL", 3: "EXTRA"}
+"""PRAGMA synchronous's numbers for the levels that fsync every commit."""
+
+
+def _synced(db: sqlite3.Connection) -> Synced | None:
+    """The durable level a lease's bookkeeping may commit without, where that is safe: a
+    file in WAL mode (in rollback-journal mode an unsynced commit could corrupt the file on
+    a power cut) set to fsync every commit."""
+    mode = str(db.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+    level = _LEVELS.get(int(db.execute("PRAGMA synchronous").fetchone()[0]))
+    return Synced(level) if mode == "wal" and level is not None else None
 
 
 def _identity(path: str) -> tuple[int, int] | None:

@@ -29,11 +29,41 @@ T = TypeVar("T")
 
 
 @contextmanager
-def write_transaction(db: sqlite3.Connection, path: str) -> Iterator[sqlite3.Connection]:
+def write_transaction(db: sqlite3.Connection, path: str,
+                      unsynced: Synced | None = None) -> Iterator[sqlite3.Connection]:
     """One write transaction, taken with the write lock up front (BEGIN IMMEDIATE: a read
     that upgrades to a write would get SQLITE_BUSY despite the busy timeout). Every failure
     rolls back and is a StoreError naming the file: StoreUnavailable when the lock was held
-    past the busy timeout, CorruptStore when the file is damaged (see sqlite_faults)."""
+    past the busy timeout, CorruptStore when the file is damaged (see sqlite_faults).
+    With *unsynced*, it commits without an fsync (see :class:`Synced`)."""
+    if unsynced is None:
+        with _write_transaction(db, path):
+            yield db
+        return
+    db.execute("PRAGMA synchronous = NORMAL")
+    try:
+        with _write_transaction(db, path):
+            yield db
+    finally:
+        db.execute(f"PRAGMA synchronous = {unsynced.level}")
+
+
+@dataclass(frozen=True)
+class Synced:
+    """The file's durable level (FULL or EXTRA, in WAL mode), which a lease's bookkeeping
+    (a claim, a renewal, a release) may commit without: its WAL frames are written but not
+    fsync'd. A SIGKILL loses nothing (the frames are in the operating system's cache); a
+    power cut may lose such commits made after the last durable one, never corrupting the
+    file, and the next durable commit (every checkpoint, before any tool call) makes all
+    earlier frames durable with it, since a WAL is synced whole. What such a loss costs: a
+    claim undone (nothing of the task was written since, so it is claimed again), or a
+    release undone (the task looks held until its lease ends, then is taken over)."""
+
+    level: str
+
+
+@contextmanager
+def _write_transaction(db: sqlite3.Connection, path: str) -> Iterator[sqlite3.Connection]:
     try:
         db.execute("BEGIN IMMEDIATE")
     except sqlite3.Error as exc:
@@ -62,6 +92,7 @@ def _roll_back(db: sqlite3.Connection) -> None:
 @dataclass
 class _Pending:
     write: Callable[[sqlite3.Connection], Any]
+    durable: bool = True
     done: asyncio.Future[Any] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
 
@@ -69,14 +100,19 @@ class _Pending:
 class GroupCommit:
     """Batches the checkpoint writes of one SQLite connection."""
 
-    def __init__(self, db: sqlite3.Connection, path: str) -> None:
+    def __init__(self, db: sqlite3.Connection, path: str, synced: Synced | None = None) -> None:
         self._db = db
         self._path = path
+        self._synced = synced
+        """The level a batch of lease bookkeeping alone may commit without (None: every
+        commit is as the file is set)."""
         self._queue: list[_Pending] = []
 
-    async def write(self, write: Callable[[sqlite3.Connection], T]) -> T:
-        """Run *write* inside a shared transaction; returns its result once committed."""
-        pending = _Pending(write)
+    async def write(self, write: Callable[[sqlite3.Connection], T], durable: bool = True) -> T:
+        """Run *write* inside a shared transaction; returns its result once committed. Not
+        *durable* (a lease's bookkeeping): its batch, if it holds nothing else, commits
+        without an fsync (:class:`Synced`)."""
+        pending = _Pending(write, durable)
         self._queue.append(pending)
         if len(self._queue) == 1:
             try:
@@ -90,12 +126,15 @@ class GroupCommit:
                     raise
         return cast(T, await pending.done)
 
+    def _unsynced(self, batch: list[_Pending]) -> Synced | None:
+        return None if any(pending.durable for pending in batch) else self._synced
+
     def _commit(self, batch: list[_Pending]) -> None:
         if len(batch) == 1:
             self._commit_alone(batch[0])
             return
         try:
-            with write_transaction(self._db, self._path) as db:
+            with write_transaction(self._db, self._path, self._unsynced(batch)) as db:
                 results = [self._one(db, pending) for pending in batch]
         except StoreError as error:
             self._fail(batch, error)
@@ -112,7 +151,7 @@ class GroupCommit:
         common case): no savepoint, since its failure rolls back a transaction that holds
         nothing else; two statements fewer a step."""
         try:
-            with write_transaction(self._db, self._path) as db:
+            with write_transaction(self._db, self._path, self._unsynced([pending])) as db:
                 result = pending.write(db)
         except Exception as exc:  # rolled back; an SQLite error comes as a StoreError
             if not pending.done.done():
