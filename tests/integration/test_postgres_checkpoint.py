@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Collection
+from typing import Any
 
 import psycopg
 import pytest
@@ -155,3 +156,38 @@ async def test_a_connection_stays_usable_after_batches_with_a_stale_fence(pg_url
 def reading(task_id: str, step: int, seen: Collection[int]) -> Checkpoint:
     return Checkpoint(head=head(task_id, Status.RUNNING, step), status=Status.RUNNING,
                       inbox_seen=frozenset(seen))
+
+
+async def test_a_claim_a_renewal_and_a_release_are_one_round_trip_each(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """R13 (issue 30): a lease's bookkeeping is one statement in autocommit, no BEGIN and
+    COMMIT around it (three round trips a claim and four a release before); a stale fence
+    still refuses, with the fence it found, and changes nothing."""
+    store = PostgresStore(pg_url)
+    await make_task(store, "t")
+    sent: list[str] = []
+    execute, begin = psycopg.AsyncCursor.execute, psycopg.AsyncTransaction.__aenter__
+
+    async def counted(cursor: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(str(query).split()[0])
+        return await execute(cursor, query, *args, **kwargs)
+
+    async def counted_begin(transaction: Any) -> Any:
+        sent.append("BEGIN")
+        return await begin(transaction)
+
+    monkeypatch.setattr(psycopg.AsyncCursor, "execute", counted)
+    monkeypatch.setattr(psycopg.AsyncTransaction, "__aenter__", counted_begin)
+    [lease] = await store.claim_many("w", time.time(), LEASE, 4)
+    await store.renew(lease, time.time() + 2 * LEASE)
+    await store.release(lease)
+    assert sent == ["WITH", "UPDATE", "UPDATE"]
+    before = await store.get_task("t")
+    with pytest.raises(LeaseLost, match=f"stale \\(now {lease.fence + 1}\\)"):
+        await store.renew(lease, time.time() + 5 * LEASE)
+    with pytest.raises(LeaseLost):
+        await store.release(lease)
+    with pytest.raises(TaskNotFound):
+        await store.release(dataclasses.replace(lease, task_id="gone"))
+    assert await store.get_task("t") == before
+    await store.close()

@@ -100,11 +100,15 @@ RETURNING t.task_id, t.fence, t.crashes, t.head_version, t.created_at,
           chosen.lease_owner IS NOT NULL AND chosen.status NOT IN {q.FINISHED} AS crashed,
           chosen.status = 'pending' AS started
 """
-_RENEW = f"UPDATE tasks SET lease_until = {_CLOCK} + %s WHERE task_id = %s"
+# A renewal and a release are one statement each, fenced in their WHERE (the row's lock is
+# taken by the UPDATE, and READ COMMITTED re-checks the fence on the newest row version);
+# only when no row matched is the task read, to say why.
+_RENEW = (f"UPDATE tasks SET lease_until = {_CLOCK} + %s WHERE task_id = %s AND fence = %s")
 _BREAK = ("UPDATE tasks SET lease_until = 0 WHERE task_id = %s AND lease_owner = %s"
           " AND lease_until > 0")
 _RELEASE = (f"UPDATE tasks SET lease_owner = NULL, lease_until = {_CLOCK} + %s, fence = fence + 1"
-            " WHERE task_id = %s")
+            " WHERE task_id = %s AND fence = %s")
+_FENCE_NOW = "SELECT fence FROM tasks WHERE task_id = %s"
 _BLOBS = "SELECT digest, data FROM blobs WHERE digest = ANY(%s::text[])"
 _CHANNEL = "tether_work"
 """NOTIFY channel: a task was created or an event stored (sent when the transaction commits)."""
@@ -273,7 +277,8 @@ class PostgresStore(SQLBackend):
         return taken[0] if taken else None
 
     async def _take(self, where: str, params: dict[str, Any]) -> list[Claim]:
-        async with self._tx() as conn, conn.cursor(row_factory=dict_row) as cur:
+        """One statement in autocommit (its own transaction): one round trip, not three."""
+        async with self._connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(_TAKE.replace("{where}", where), params)
             rows = await cur.fetchall()
         return [Claim(row["task_id"], int(row["fence"]), crashed=bool(row["crashed"]),
@@ -310,9 +315,7 @@ class PostgresStore(SQLBackend):
         return row
 
     async def renew(self, claim: Claim, until: float) -> None:
-        async with self._tx() as conn:
-            await self._check_fence(conn, claim)
-            await conn.execute(_RENEW, (until - time.time(), claim.task_id))
+        await self._fenced(claim, _RENEW, (until - time.time(), claim.task_id, claim.fence))
 
     async def break_lease(self, task_id: str, holder: str) -> bool:
         async with self._tx() as conn:
@@ -320,10 +323,19 @@ class PostgresStore(SQLBackend):
             return cur.rowcount > 0
 
     async def release(self, claim: Claim, hold_until: float | None = None) -> None:
-        async with self._tx() as conn:
-            await self._check_fence(conn, claim)
-            hold = None if hold_until is None else hold_until - time.time()
-            await conn.execute(_RELEASE, (hold, claim.task_id))
+        hold = None if hold_until is None else hold_until - time.time()
+        await self._fenced(claim, _RELEASE, (hold, claim.task_id, claim.fence))
+
+    async def _fenced(self, claim: Claim, sql: str, params: tuple[Any, ...]) -> None:
+        """One UPDATE of the task's row under *claim*'s fence, in autocommit (one round
+        trip); when it matched no row, the task is read to raise TaskNotFound or LeaseLost."""
+        async with self._connection() as conn:
+            if (await conn.execute(sql, params)).rowcount:
+                return
+            row = await (await conn.execute(_FENCE_NOW, (claim.task_id,))).fetchone()
+        if row is None:
+            raise self._missing(claim.task_id)
+        raise steps.lease_lost(claim, row[0])
 
     async def set_status(self, claim: Claim, status: Status, reason: str | None,
                          wake_at: float | None = None) -> None:
