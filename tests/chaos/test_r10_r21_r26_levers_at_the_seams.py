@@ -638,3 +638,41 @@ def test_r14_r26_an_etag_resume_sent_twice_without_the_code_is_applied_once(site
     resumes = [e for e in site.run(lambda h: h.store.list_events("t1")) if e.event.type == "resume"]
     assert len(resumes) == 2, resumes
     assert site.created_in_cwd() == []
+
+
+# ---------------------------------------------------------------------- rollback past a paid attempt
+
+
+def test_e4_r10_a_rollback_to_a_version_waiting_to_retry_a_call_does_not_pay_it_again(
+        site: Site) -> None:
+    """E4/R10 (CI, levers under fire on PostgreSQL + Redis: a charge paid twice): the refund
+    failed once (nothing paid) and a version was kept with it waiting to run again; the next
+    attempt paid and its worker was SIGKILLed before committing. A rollback to the waiting
+    version is then applied by the next worker. Idempotency records are not versioned: the
+    store says an attempt started after that version, so the call may have run, and it is
+    settled as a call in doubt (no reconcile hook: a person is asked), never run again as
+    the version had it. One refund."""
+    site.submit("t1", "refund")
+    site.fail_once("t1.0")
+    killed(site.worker(failpoints="after_tool_before_commit"))
+    one_refund(site, "t1.0")
+
+    async def roll_back(h: tt.Harness) -> int:
+        for version, _, _ in await h.store.list_versions("t1"):
+            _, data = await h.store.load_head("t1", version)
+            call = tt.Snapshot.loads(data, "t1", version).call
+            if call is not None and call.status == "failed" and call.retry_at is not None:
+                await h.rollback("t1", version, by="operator")
+                return version
+        raise AssertionError("no kept version of t1 waits to run the refund again")
+
+    waiting = site.run(roll_back)
+    site.wait_lease_gone("t1")
+    exits_clean(site.worker("--until-idle"))
+    info = site.info("t1")
+    assert info.record.status is tt.Status.NEEDS_HUMAN, (info.record.reason,
+                                                         site.strategies("t1"))
+    assert "outcome unknown" in (info.record.reason or "")
+    details = [r.get("detail", "") for r in site.log("t1") if r["resume_strategy"] == "rollback"]
+    assert any(f"after version {waiting}" in d and "in doubt" in d for d in details), details
+    one_refund(site, "t1.0")

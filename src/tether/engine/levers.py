@@ -19,7 +19,7 @@ from tether.engine.calls import awaiting_decision, in_doubt_message
 from tether.engine.task import RunningTask
 from tether.errors import InDoubtCall, VersionNotFound
 from tether.failpoints import failpoint
-from tether.model import CallStatus, Event, Snapshot, Status, check_count
+from tether.model import CallStatus, Event, OutcomeStatus, Snapshot, Status, check_count
 from tether.strategies import Strategy
 
 
@@ -142,12 +142,32 @@ async def rollback(task: RunningTask, event: Event) -> None:
                         f" {payload.get('by') or 'unknown'}"
                         + (" (side effects will be redone)" if payload.get("redo_side_effects")
                            else ""))
+    await _calls_that_ran_since(task, old, version)
     if old.call is not None and old.call.status == CallStatus.STARTED:
         await calls.resolve_in_doubt(task)
-    elif old.call is not None:  # it may have succeeded since the kept version (E4)
-        calls.reuse_result(task, old.call, await task.reads.get_idempotency(old.call.key),
-                      f"{old.call.tool} key={old.call.key} succeeded after version {version};"
-                      " its recorded result is used, not run again")
+
+
+async def _calls_that_ran_since(task: RunningTask, old: Snapshot, version: int) -> None:
+    """The kept version's open calls as the store has their records now, not as the version
+    saw them (E4). Records are not versioned: an attempt started after the version (and
+    perhaps paid, then lost its worker) left its record STARTED or SUCCEEDED, while the
+    version still has the call planned or waiting out a retry. Such a call may have run, so
+    it is taken as started: the current one is settled now (its result reused, reconciled,
+    re-run if idempotent, or a person asked), one put aside in an agenda when it comes
+    round. Run again as the version had it, it would pay twice."""
+    for call in old.open_calls():
+        if call.status == CallStatus.STARTED:
+            continue
+        record = await task.reads.get_idempotency(call.key)
+        if record is None or record.args_hash != call.args_hash \
+                or record.status not in (OutcomeStatus.STARTED, OutcomeStatus.SUCCEEDED):
+            continue
+        call.status = CallStatus.STARTED
+        call.attempt = max(call.attempt, record.attempts)
+        call.retry_at = None
+        task.log_recovery(Strategy.ROLLBACK, detail=(
+            f"{call.tool} key={call.key} was {record.status} after version {version}: it may"
+            " have run since, so it is settled as a call in doubt, not run again blind"))
 
 
 async def _rollback_target(task: RunningTask, event_id: int, version: int) -> bytes:
