@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tether.errors import InboxMoved, LeaseLost, TaskNotFound
+from tether.errors import InboxMoved, LeaseLost, StoreError, TaskNotFound
 from tether.model import Status
 from tether.store.base import Checkpoint, Claim
 from tether.store.conformance.helpers import LEASE, claim, event, head, limits, make_task
@@ -190,4 +190,27 @@ async def test_a_claim_a_renewal_and_a_release_are_one_round_trip_each(
     with pytest.raises(TaskNotFound):
         await store.release(dataclasses.replace(lease, task_id="gone"))
     assert await store.get_task("t") == before
+    await store.close()
+
+
+async def test_a_connection_whose_statement_cache_went_wrong_is_not_lent_again(
+        pg_url: str) -> None:
+    """Defence in depth for the failure above: however psycopg's cache of prepared
+    statements came to disagree with the server (here the server is made to forget them
+    behind psycopg's back), the store call that meets it fails once with a StoreError, and
+    the connection is closed, not given back: the next call gets a fresh one and works."""
+    store = PostgresStore(pg_url, max_size=1)
+    await make_task(store, "t")
+    for _ in range(8):  # past psycopg's threshold: the task read is now a prepared statement
+        await store.get_task("t")
+    async with store._pool.connection() as conn:
+        names = [row[0] for row in await (await conn.execute(
+            "SELECT name FROM pg_prepared_statements", prepare=False)).fetchall()]
+        assert names, "nothing was prepared: the test proves nothing"
+        for name in names:
+            await conn.execute(f'DEALLOCATE "{name}"', prepare=False)
+    with pytest.raises(StoreError, match="does not exist"):
+        await store.get_task("t")
+    assert (await store.get_task("t")).task_id == "t"
+    assert (await store.get_task("t")).task_id == "t"
     await store.close()

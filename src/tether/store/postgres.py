@@ -143,7 +143,7 @@ class PostgresStore(SQLBackend):
         self._ready = False
         self._opening = asyncio.Lock()
         self._listener: psycopg.AsyncConnection[Any] | None = None
-        self._group = postgres_checkpoint.GroupCommit(self._pool.connection,
+        self._group = postgres_checkpoint.GroupCommit(self._pooled,
                                                       self._checkpoint_failure)
 
     # ------------------------------------------------------------------ plumbing
@@ -188,15 +188,27 @@ class PostgresStore(SQLBackend):
         return classify(exc, self.where, outcome)
 
     async def _apply_migrations(self) -> list[str]:
-        async with self._pool.connection() as conn, conn.transaction():
+        async with self._pooled() as conn, conn.transaction():
             return await postgres_schema.apply_migrations(conn, self.where)
+
+    @asynccontextmanager
+    async def _pooled(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A pooled connection, closed instead of given back when the server does not know a
+        statement psycopg thinks it prepared on it: its statement cache no longer matches
+        the server's, and lent again it would fail every use of that statement."""
+        async with self._pool.connection() as conn:
+            try:
+                yield conn
+            except psycopg.errors.InvalidSqlStatementName:
+                await conn.close()
+                raise
 
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         """A pooled connection outside a transaction; a database error becomes StoreError."""
         await self._open()
         try:
-            async with self._pool.connection() as conn:
+            async with self._pooled() as conn:
                 yield conn
         except psycopg.Error as exc:
             raise await self._fault(exc) from exc
@@ -206,7 +218,7 @@ class PostgresStore(SQLBackend):
         """One write transaction; a database error becomes StoreError and nothing is written."""
         await self._open()
         try:
-            async with self._pool.connection() as conn, conn.transaction():
+            async with self._pooled() as conn, conn.transaction():
                 yield conn
         except psycopg.Error as exc:
             raise await self._fault(exc, "; nothing was written") from exc
