@@ -83,18 +83,15 @@ def held_back(request: LimitRequest, retry_at: float, reason: str, amount: float
 def _window_full(request: LimitRequest, now: float) -> Steps[LimitAnswer | None]:
     """Held back if the rate window holds its count of admissions, or the token window
     the tokens the admitted calls reported; None if there is room in both."""
-    if request.rate is not None:
-        count, seconds = request.rate
-        window = yield one(q.LIMIT_GRANTS, request.name, request.key, now - seconds)
-        if window is not None and int(window["n"]) >= count:
-            return (yield from _hold_back(request, now, float(window["oldest"]) + seconds,
-                                          "rate", int(window["n"])))
-    if request.tokens is not None:
-        budget, seconds = request.tokens
-        window = yield one(q.LIMIT_GRANTS, request.name, request.key, now - seconds)
-        if window is not None and int(window["tokens"]) >= budget:
-            return (yield from _hold_back(request, now, float(window["oldest"]) + seconds,
-                                          "tokens", int(window["tokens"])))
+    for window, column, reason in ((request.rate, "n", "rate"),
+                                   (request.tokens, "tokens", "tokens")):
+        if window is None:
+            continue
+        most, seconds = window
+        found = yield one(q.LIMIT_GRANTS, request.name, request.key, now - seconds)
+        if found is not None and int(found[column]) >= most:
+            return (yield from _hold_back(request, now, float(found["oldest"]) + seconds,
+                                          reason, int(found[column])))
     return None
 
 

@@ -103,7 +103,7 @@ RETURNING t.task_id, t.fence, t.crashes, t.head_version, t.created_at,
 # A renewal and a release are one statement each, fenced in their WHERE (the row's lock is
 # taken by the UPDATE, and READ COMMITTED re-checks the fence on the newest row version);
 # only when no row matched is the task read, to say why.
-_RENEW = (f"UPDATE tasks SET lease_until = {_CLOCK} + %s WHERE task_id = %s AND fence = %s")
+_RENEW = f"UPDATE tasks SET lease_until = {_CLOCK} + %s WHERE task_id = %s AND fence = %s"
 _BREAK = ("UPDATE tasks SET lease_until = 0 WHERE task_id = %s AND lease_owner = %s"
           " AND lease_until > 0")
 _RELEASE = (f"UPDATE tasks SET lease_owner = NULL, lease_until = {_CLOCK} + %s, fence = fence + 1"

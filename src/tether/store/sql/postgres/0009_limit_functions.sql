@@ -57,6 +57,14 @@ BEGIN
                AND t.status IN ('pending', 'running', 'waiting', 'paused', 'needs_human')));
 END $$;
 
+CREATE OR REPLACE FUNCTION tether_limit_window(p_name TEXT, p_key TEXT,
+                                               p_after DOUBLE PRECISION, OUT admitted BIGINT,
+                                               OUT tokens BIGINT, OUT oldest DOUBLE PRECISION)
+LANGUAGE sql STABLE AS $$  -- the admissions since p_after, and the tokens they reported
+    SELECT count(*), COALESCE(sum(g.tokens), 0)::bigint, min(g.at) FROM limit_grants g
+     WHERE g.name = p_name AND g.key = p_key AND g.at > p_after
+$$;
+
 CREATE OR REPLACE FUNCTION tether_acquire_limit(
     p_name TEXT, p_key TEXT, p_task TEXT, p_fence BIGINT, p_holder TEXT, p_priority INTEGER,
     p_concurrency INTEGER, p_rate_count INTEGER, p_rate_seconds DOUBLE PRECISION,
@@ -72,7 +80,6 @@ DECLARE
     my_priority INTEGER;
     ahead TEXT;
     counted BIGINT;
-    oldest DOUBLE PRECISION;
 BEGIN
     granted := FALSE;
     INSERT INTO limit_locks (name, key, blocked_until, size) VALUES (p_name, p_key, NULL, p_size)
@@ -129,29 +136,22 @@ BEGIN
         DELETE FROM limit_grants WHERE name = p_name AND key = p_key
            AND at <= p_now - GREATEST(COALESCE(p_rate_seconds, 0), COALESCE(p_token_seconds, 0));
         IF p_rate_count IS NOT NULL THEN
-            SELECT count(*), min(at) INTO counted, oldest FROM limit_grants
-             WHERE name = p_name AND key = p_key AND at > p_now - p_rate_seconds;
-            IF counted >= p_rate_count THEN
-                retry_at := oldest + p_rate_seconds;
-                PERFORM tether_limit_hold_back(p_name, p_key, p_task, p_priority, p_now,
-                                               retry_at, p_backstop);
-                reason := 'rate';
-                amount := counted;
-                RETURN;
-            END IF;
+            SELECT w.admitted, w.oldest + p_rate_seconds INTO counted, retry_at
+              FROM tether_limit_window(p_name, p_key, p_now - p_rate_seconds) w;
+            reason := CASE WHEN counted >= p_rate_count THEN 'rate' END;
         END IF;
-        IF p_token_budget IS NOT NULL THEN
-            SELECT COALESCE(sum(tokens), 0), min(at) INTO counted, oldest FROM limit_grants
-             WHERE name = p_name AND key = p_key AND at > p_now - p_token_seconds;
-            IF counted >= p_token_budget THEN
-                retry_at := oldest + p_token_seconds;
-                PERFORM tether_limit_hold_back(p_name, p_key, p_task, p_priority, p_now,
-                                               retry_at, p_backstop);
-                reason := 'tokens';
-                amount := counted;
-                RETURN;
-            END IF;
+        IF reason IS NULL AND p_token_budget IS NOT NULL THEN
+            SELECT w.tokens, w.oldest + p_token_seconds INTO counted, retry_at
+              FROM tether_limit_window(p_name, p_key, p_now - p_token_seconds) w;
+            reason := CASE WHEN counted >= p_token_budget THEN 'tokens' END;
         END IF;
+        IF reason IS NOT NULL THEN  -- a window is full until its oldest admission leaves it
+            amount := counted;
+            PERFORM tether_limit_hold_back(p_name, p_key, p_task, p_priority, p_now, retry_at,
+                                           p_backstop);
+            RETURN;
+        END IF;
+        retry_at := NULL;
         INSERT INTO limit_grants (name, key, at, holder) VALUES (p_name, p_key, p_now, p_holder);
     END IF;
     IF p_concurrency IS NOT NULL THEN
