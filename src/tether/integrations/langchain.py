@@ -8,11 +8,14 @@ calls of one answer run inside one ``tools`` node: a saver alone cannot put a re
 before a call, nor tell "never started" from "ran, result lost". So tether drives the agent's
 own compiled graph one model turn at a time instead:
 
-- **A model turn is a committed plan**: the graph runs from the conversation up to its
-  ``tools`` node (``interrupt_before``, no checkpointer), so the model node, its middleware
-  (``wrap_model_call``, ``before_model``, ``after_model``), retries, structured output and
-  streaming are LangChain's own. The answer is recorded before any call runs: a worker killed
-  after it never pays for it again. A P0 cuts a streamed answer (its text so far kept).
+- **A model turn is a committed plan**: the graph runs from the conversation up to its tool
+  nodes, so the model node, its middleware (``wrap_model_call``, ``before_model``,
+  ``after_model``), retries, structured output and streaming are LangChain's own. The answer
+  is recorded before any call runs: a worker killed after it never pays for it again. A P0
+  cuts a streamed answer (its text so far kept). The run is kept open between turns
+  (:mod:`tether.integrations.langchain_run`): it waits at its tool nodes while tether runs
+  the calls and goes on with their results, so a task starts its graph once, not once per
+  turn, unless something came between the turns (then a new run starts from the rows).
 - **Each tool call is a tether call** (``<agent>.<tool>``, flags from
   :class:`tether.ToolPolicy`, a side effect unless named otherwise), run one at a time by the
   agent's own ``ToolNode`` (so ``wrap_tool_call`` middleware and ``ToolRuntime`` injection
@@ -29,15 +32,16 @@ own compiled graph one model turn at a time instead:
   task runs here; a P1 message reaches the next model turn.
 
 A hand-built graph runs the same way when its state is its ``messages`` and its tools run in
-``ToolNode``s: tether stops it before every tool node. Any other graph runs under
+``ToolNode``s: tether runs the calls of every tool node. Any other graph runs under
 :class:`tether.integrations.langgraph.LangGraphAgent`, one super-step at a time.
 What tether cannot keep is refused when the agent is made (:func:`unmapped`), naming it.
 """
 
 from __future__ import annotations
 
+import operator
 import typing
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import pydantic_core
@@ -48,6 +52,14 @@ from tether.agents.base import PENDING, ModelAgent, approval_wait, args_reconcil
 from tether.agents.model_calls import ModelError, RetryPolicy
 from tether.errors import ConfigurationError, MissingExtra, ResultUnusable
 from tether.integrations.langchain_messages import Messages, dumped, messages_of, replayable, text
+from tether.integrations.langchain_run import (
+    LiveGraph,
+    Partial,
+    RunGone,
+    Stop,
+    answering_copy,
+    callbacks,
+)
 from tether.model import Action, Finish, ToolCall
 from tether.tools import (
     ReconcileFn,
@@ -61,7 +73,6 @@ from tether.tools import (
 
 try:
     from langchain.agents.middleware import HumanInTheLoopMiddleware
-    from langchain_core.callbacks import BaseCallbackHandler
     from langchain_core.messages import (
         AIMessage,
         BaseMessage,
@@ -73,8 +84,7 @@ try:
     from langchain_core.utils.function_calling import convert_to_openai_tool
     from langgraph.graph.message import REMOVE_ALL_MESSAGES
     from langgraph.graph.state import CompiledStateGraph
-    from langgraph.prebuilt import ToolNode
-    from langgraph.runtime import Runtime
+    from langgraph.prebuilt import ToolNode, ToolRuntime
     from langgraph.types import Command, StreamMode
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise MissingExtra("the LangChain integration needs langchain and langgraph",
@@ -121,6 +131,7 @@ class LangChainAgent(ModelAgent):
         self.graph = agent
         self.tool_nodes = tool_nodes_of(agent)
         self.tools, self.owners = tools_of(self.tool_nodes)
+        self.answering = answering_copy(agent, self.tool_nodes)
         self.approvals, self.stops = _approvals(agent)
         self.context = context
         self.config = dict(config or {})
@@ -175,23 +186,37 @@ class LangChainAgent(ModelAgent):
 
     async def plan(self, task: TaskView) -> Action | list[Action]:
         opening = text(task.input)
-        history = self.kept(task, lambda: Messages(task.input, f"{self.name}.", opening),
-                            opening).result()
+        decoded = self.kept(task, lambda: Messages(task.input, f"{self.name}.", opening),
+                            opening)
+        history = decoded.result()
+        live: LiveGraph | None = decoded.live
+        results = history[len(live.known):] if live is not None and len(history) == len(
+            decoded.messages) and live.continues(decoded, history) else None
+        if results is None:
+            self.forget(decoded)
         for _ in range(AGAIN):
-            state, stopped, seconds = await self._turn(history)
+            state, stopped, seconds, before = await self._turn(decoded, history, results)
+            results = None
             final: list[BaseMessage] = list(state.get("messages") or [])
-            new = _added(history, final)
+            new = _added(before, final)
             answer = next((m for m in reversed(new) if isinstance(m, AIMessage)), None)
             structured = state.get("structured_response")
             if answer is None and structured is None:
+                self.forget(decoded)
                 raise ModelError(f"agent {self.name}: a run of its graph added no model answer"
                                  f" (it added {len(new)} other messages); tether runs graphs"
                                  " in which a node asks the model")
             ended = answer is not None and bool(answer.tool_calls) and not stopped
             extra = [] if ended else _unusable_calls(answer, self.tools, new)
-            _record(task, answer, _recorded(history, final, new), extra, seconds)
+            recorded = _recorded(before, final, new)
+            _record(task, answer, recorded, extra, seconds)
             calls = [c for c in (answer.tool_calls if answer is not None and stopped else [])
                      if c["name"] in self.tools and c.get("id")]
+            if calls and structured is None and recorded is new and decoded.live is not None:
+                assert answer is not None
+                decoded.live.hold(final, answer)  # the run waits at its tools for the results
+            else:
+                self.forget(decoded)
             if structured is not None:  # the model node ended the run, with or without calls
                 done = Finish(pydantic_core.to_jsonable_python(structured, fallback=str))
                 return [*self._calls(calls), done] if calls else done
@@ -203,6 +228,14 @@ class LangChainAgent(ModelAgent):
             history = [*map(replayable, final), *extra]
         raise ModelError(f"agent {self.name}: {AGAIN} answers in a row held only calls that"
                          " cannot be made")
+
+    def forget(self, decoded: Any) -> None:
+        """Leave the graph run kept for a conversation that is dropped, done or not
+        continued."""
+        live: LiveGraph | None = decoded.live
+        if live is not None:
+            live.close()
+            decoded.live = None
 
     def _calls(self, calls: Sequence[Mapping[str, Any]]) -> list[Action]:
         """The calls as tether actions; one the agent's human-in-the-loop middleware names
@@ -216,29 +249,55 @@ class LangChainAgent(ModelAgent):
             actions.append(ToolCall(f"{self.name}.{call['name']}", args))
         return actions
 
-    async def _turn(self, history: list[BaseMessage]) -> tuple[dict[str, Any], bool, float]:
-        """One model turn of the agent's graph from *history*: the graph's state when it
-        stopped before its tools or ended, whether it stopped (True) rather than ended, and
-        the seconds it took."""
-        partial = _Partial()
+    async def _turn(self, decoded: Messages, history: list[BaseMessage],
+                    results: list[BaseMessage] | None
+                    ) -> tuple[dict[str, Any], bool, float, list[BaseMessage]]:
+        """One model turn of the agent's graph: the kept run given *results* (the calls'
+        results it waits for), else a new run from *history*. Returns the graph's state when
+        it reached tools tether runs (True) or ended (False), the seconds the turn took, and
+        the conversation as the run held it before the turn."""
+        async def once() -> tuple[Stop, list[BaseMessage], bool]:
+            nonlocal results
+            for _ in range(3):
+                live = decoded.live
+                if results is not None and live is not None and not live.gone:
+                    live.partial.clear()
+                    live.resume(results)  # only now: the model is asked once limits allow
+                else:
+                    live = self._live(decoded, history)
+                continued, results = results is not None, None
+                before = live.known
+                try:
+                    stop = await live.next_stop()
+                except RunGone:
+                    continue
+                if continued and not stop[1] and not _answered(before, stop[0]):
+                    self.forget(decoded)  # the graph ended at its tools: ask from the rows
+                    continue
+                return stop, before, live.streamed and not live.partial.heard
+            raise ModelError(f"agent {self.name}: its graph run ended before it asked the model")
 
-        async def once() -> tuple[dict[str, Any], bool]:
-            partial.clear()
-            config = self._config(None)
-            modes: list[StreamMode] = ["values", "updates"]
-            if self.streams():  # the model's tokens, as it hands them over, before any queue
-                modes.append("messages")
-                config["callbacks"] = [*_callbacks(config), partial]
-            return await _run_to_tools(self.graph.astream(
-                {"messages": list(history)}, config, context=self.context,
-                interrupt_before=[*self.tool_nodes, *self.stops], stream_mode=modes))
+        def partial() -> str:
+            return decoded.live.partial.text() if decoded.live is not None else ""
 
-        streamed = self.streams()
-        (state, stopped), seconds = await self.request(once, f"agent {self.name}",
-                                                       partial.text)
-        if streamed and not partial.heard:
+        ((state, stopped), before, silent), seconds = await self.request(
+            once, f"agent {self.name}", partial)
+        if silent:
             self.learn_streams_nothing()  # LangChain asked the model plainly: it cannot stream
-        return state, stopped, seconds
+        return state, stopped, seconds, before
+
+    def _live(self, decoded: Messages, history: list[BaseMessage]) -> LiveGraph:
+        """A new kept run of the agent's graph from *history*, for *decoded*."""
+        self.forget(decoded)
+        partial = Partial()
+        config = self._config(None)
+        modes: list[StreamMode] = ["values", "updates"]
+        if self.streams():  # the model's tokens, as it hands them over, before any queue
+            modes.append("messages")
+            config["callbacks"] = [*callbacks(config), partial]
+        live = decoded.live = LiveGraph(self.answering, history, config, self.context,
+                                        self.stops, modes, decoded, partial)
+        return live
 
     def _config(self, key: str | None) -> RunnableConfig:
         config = cast(RunnableConfig, dict(self.config))
@@ -251,14 +310,17 @@ class LangChainAgent(ModelAgent):
 
     async def _run_tool(self, ctx: ToolContext, name: str, call_id: str,
                         args: Mapping[str, Any]) -> dict[str, Any]:
-        """Run one call through the agent's ``ToolNode`` (its ``wrap_tool_call`` middleware
-        and ``ToolRuntime`` injection); returns the ``ToolMessage`` as plain data."""
-        call = {"name": name, "args": dict(args), "id": call_id, "type": "tool_call"}
+        """Run one call as the agent's ``ToolNode`` runs each of its calls (its
+        ``wrap_tool_call`` middleware, ``ToolRuntime`` injection, its error handling), without
+        the node's own run around it; returns the ``ToolMessage`` as plain data."""
+        call: Any = {"name": name, "args": dict(args), "id": call_id, "type": "tool_call"}
+        node = self.tool_nodes[self.owners[name]]
+        runtime: ToolRuntime[Any, Any] = ToolRuntime(
+            state={"messages": []}, tool_call_id=call_id, config=self._config(ctx.idempotency_key),
+            context=self.context, store=self.graph.store, stream_writer=_unstreamed,
+            tools=list(node.tools_by_name.values()))
         with running(ctx):
-            output = await self.tool_nodes[self.owners[name]].ainvoke(
-                {"__type": "tool_call_with_context", "tool_call": call, "state": {"messages": []}},
-                self._config(ctx.idempotency_key),
-                runtime=Runtime(context=self.context, store=self.graph.store))
+            output = await node._arun_one(call, "dict", runtime)
         return only_message(output, name, call_id)
 
 
@@ -376,74 +438,23 @@ def _middleware(agent: CompiledStateGraph[Any, Any, Any, Any]) -> Iterator[Any]:
             yield owner
 
 
-async def _run_to_tools(chunks: AsyncIterator[Any]) -> tuple[dict[str, Any], bool]:
-    """Consume a graph run: its last state, and whether it stopped before a node tether runs
-    (an interrupt) rather than ended. (Streaming ``messages`` is asked for only so that the
-    model streams; its text is kept by :class:`_Partial`.)"""
-    state: dict[str, Any] = {}
-    stopped = False
-    try:
-        async for mode, chunk in chunks:
-            if mode == "values":
-                state = chunk
-            elif mode == "updates" and "__interrupt__" in chunk:
-                stopped = True
-    finally:
-        aclose = getattr(chunks, "aclose", None)
-        if aclose is not None:
-            await aclose()
-    return state, stopped
-
-
-class _Partial(BaseCallbackHandler):
-    """Keeps the text a model streams, token by token as the model hands it over (inline, not
-    through LangGraph's stream queue), so a P0 that cuts the answer keeps all of it. Only the
-    newest model run's text is kept: a middleware's own model call (a summary) comes first."""
-
-    run_inline = True
-
-    def __init__(self) -> None:
-        self.pieces: list[str] = []
-        self.run: Any = None
-        self.heard = False
-        """Whether any model of the run streamed a piece (a token, or a chunk of a call)."""
-
-    def clear(self) -> None:
-        self.pieces, self.run, self.heard = [], None, False
-
-    def text(self) -> str:
-        return "".join(self.pieces)
-
-    def on_chat_model_start(self, serialized: dict[str, Any], messages: list[list[BaseMessage]],
-                            **kwargs: Any) -> None:
-        """Nothing to do; defined because a handler without it is sent ``on_llm_start``
-        instead, with the whole conversation written out as text on every model turn (a
-        cost that grows with the conversation)."""
-
-    def on_llm_new_token(self, token: str | list[str | dict[str, Any]], *, chunk: Any = None,
-                         run_id: Any = None, **kwargs: Any) -> None:
-        self.heard = True
-        if run_id != self.run:
-            self.pieces, self.run = [], run_id
-        message = getattr(chunk, "message", None)
-        if isinstance(message, BaseMessage):  # content blocks too (Anthropic, Responses API)
-            self.pieces.append(message.text)
-        elif isinstance(token, str):
-            self.pieces.append(token)
-
-
-def _callbacks(config: Mapping[str, Any]) -> list[Any]:
-    """The callback handlers a user's config gives (a list, or a manager's handlers)."""
-    given = config.get("callbacks")
-    if given is None:
-        return []
-    return list(given) if isinstance(given, list) else list(getattr(given, "handlers", []))
+def _answered(before: Sequence[BaseMessage], state: Mapping[str, Any]) -> bool:
+    """Whether a run's *state* holds a model answer after the conversation *before*."""
+    return any(isinstance(m, AIMessage) for m in _added(before, state.get("messages") or []))
 
 
 def _added(history: Sequence[BaseMessage], messages: Sequence[BaseMessage]) -> list[BaseMessage]:
-    """The messages a turn added to *history* (every message of a history has an id)."""
+    """The messages a turn added to *history* (every message of a history has an id): in a
+    kept run, those after the very objects of its history, without a pass over their ids."""
+    if _same(history, messages):
+        return list(messages[len(history):])
     seen = {m.id for m in history}
     return [m for m in messages if m.id not in seen]
+
+
+def _same(history: Sequence[BaseMessage], messages: Sequence[BaseMessage]) -> bool:
+    """Whether *messages* begins with the very objects of *history* (at C speed)."""
+    return len(messages) >= len(history) and all(map(operator.is_, history, messages))
 
 
 def _recorded(history: Sequence[BaseMessage], final: Sequence[BaseMessage],
@@ -451,8 +462,8 @@ def _recorded(history: Sequence[BaseMessage], final: Sequence[BaseMessage],
     """What a turn's row records: the messages it added, or, when middleware rewrote the
     history (a summary replacing old messages, a redaction), the whole conversation after
     it, behind ``RemoveMessage(REMOVE_ALL_MESSAGES)`` as LangGraph's reducer writes it."""
-    kept = len(final) >= len(history) and all(
-        a is b or a == b for a, b in zip(history, final, strict=False))
+    kept = _same(history, final) or (len(final) >= len(history) and all(
+        a is b or a == b for a, b in zip(history, final, strict=False)))
     if kept:
         return new
     return [RemoveMessage(id=REMOVE_ALL_MESSAGES), *final]
@@ -490,6 +501,10 @@ def _record(task: TaskView, answer: AIMessage | None, recorded: Sequence[BaseMes
                            finish_reason="tool_calls" if answer is not None and answer.tool_calls
                            else "stop", seconds=seconds,
                            messages=[dumped(m) for m in [*recorded, *extra]])
+
+
+def _unstreamed(chunk: Any) -> None:
+    """A tool's custom stream writes go nowhere: tether runs the call outside a graph run."""
 
 
 def only_message(output: Any, name: str, call_id: str) -> dict[str, Any]:

@@ -62,6 +62,8 @@ class Messages:
         self.prefix = prefix
         self.opening = key
         self.position: DialogPosition | None = None
+        self.live: Any = None
+        """The graph run kept open for this conversation (:mod:`.langchain_run`)."""
         self.count = 0
         self._add(*_opening(opening))  # an input's open calls are answered too
 
