@@ -29,7 +29,6 @@ import tether as tt
 from tether.agents.model_calls import RetryPolicy
 from tether.integrations.langchain import LangChainAgent, current_call
 
-
 SEEN: list[list[BaseMessage]] = []
 """Every request the scripted model answered, in order (cleared by :func:`model`)."""
 FAIL_AT: set[int] = set()
