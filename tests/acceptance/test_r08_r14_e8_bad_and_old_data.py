@@ -18,6 +18,7 @@ import pytest
 from _support import fast_settings, wait_until
 
 import tether as tt
+from tether.engine.loading import EAGER_ROWS
 from tether.model import SNAPSHOT_FORMAT, Snapshot
 from tether.store import SQLiteStore
 
@@ -101,12 +102,16 @@ async def test_damaged_newest_head_falls_back_and_deletes_nothing(tmp_path: Path
     await h.close()
 
 
+@pytest.mark.parametrize("steps", [4, 50])
 async def test_missing_dialog_rows_are_named_and_an_older_complete_version_is_used(
-        tmp_path: Path) -> None:
+        tmp_path: Path, steps: int) -> None:
     """R8/R14: a head whose dialog rows are missing is treated as damaged (it would resume with
-    a hole in the dialog); recovery falls back to a version whose rows are all there."""
+    a hole in the dialog); recovery falls back to a version whose rows are all there. A short
+    dialog is read at load; a long one (50 steps) only counted there (R20), which finds the
+    hole as well."""
     path = tmp_path / "t.db"
-    tid, newest = await _finished_task(path, steps=4)
+    tid, newest = await _finished_task(path, steps=steps)
+    assert (_rows(path, "SELECT COUNT(*) FROM history")[0][0] > EAGER_ROWS) is (steps == 50)
     last_seq = _rows(path, "SELECT MAX(seq) FROM history")[0][0]
     _exec(path, "DELETE FROM history WHERE seq = ?", last_seq)
     _exec(path, "UPDATE tasks SET status = 'running'")

@@ -21,6 +21,7 @@ from typing import Any
 
 from tether.agent import Agent, TaskView
 from tether.engine import calls
+from tether.engine.dialog_rows import DialogRows
 from tether.engine.task import RunningTask, TaskReads, pop_frame, put_first
 from tether.errors import UnknownAgent, VersionNotFound
 from tether.model import (
@@ -117,7 +118,7 @@ class FakeTask:
                  worker_degraded: dict[str, Any] | None = None) -> None:
         self.snap = snap
         self.version = version
-        self.history: list[dict[str, Any]] = [] if history is None else history
+        self.history = DialogRows([] if history is None else history)
         self.claim = claim or Claim(snap.task_id, fence=1, crashed=False)
         self.settings = settings or Settings()
         self.tools: dict[str, Tool] = {tool.name: tool for tool in tools}
@@ -152,10 +153,11 @@ class FakeTask:
             raise UnknownAgent(f"agent {frame.agent!r} named by task {self.snap.task_id}"
                                " is not registered") from None
 
-    def view(self, scratch: dict[str, Any] | None = None, frame: Frame | None = None) -> TaskView:
+    async def view(self, scratch: dict[str, Any] | None = None,
+                   frame: Frame | None = None) -> TaskView:
         frame = frame or self.snap.frame
         scratch = copy.deepcopy(frame.scratch) if scratch is None else scratch
-        return TaskView(self.snap, self.history, scratch, frame)
+        return TaskView(self.snap, await self.history.rows(), scratch, frame)
 
     def captured_head(self, event_id: int, version: int) -> bytes | None:
         return self.captured.get((event_id, version))
@@ -202,7 +204,7 @@ class FakeTask:
     def replace_state(self, snap: Snapshot, history: list[dict[str, Any]]) -> None:
         self.replaced.append((snap, history))
         self.snap = snap
-        self.history[:] = history
+        self.history.replace(history)
 
     async def fire(self, event: Event) -> None:
         self.fired.append(event)

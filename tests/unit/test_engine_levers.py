@@ -267,7 +267,7 @@ async def test_r14_rollback_swaps_in_the_kept_version_on_a_new_branch() -> None:
     assert len(task.replaced) == 1
     snap = task.snap
     assert snap.step == 2 and [e.kind for e in snap.frame.agenda] == ["reply"]
-    assert task.history == reads.rows[:2]
+    assert await task.history.rows() == reads.rows[:2]
     assert snap.history_segments == [[0, 2], [1, -1]]
     assert snap.recovery.attempts == 0 and snap.status is Status.RUNNING
     assert task.recovery_log == [(Strategy.ROLLBACK, 9, "rolled back to version 3 by ann")]

@@ -92,7 +92,7 @@ def test_r26_the_summary_shows_the_arguments_the_model_meant() -> None:
 # --------------------------------------------------------------------------- the bound
 
 
-def test_r10_r12_the_second_identical_side_effect_is_held_naming_the_earlier_call() -> None:
+async def test_r10_r12_the_second_identical_side_effect_is_held_naming_the_earlier_call() -> None:
     """R10/R12: once refund(A1, 5) succeeded, the same call planned again (under a new key)
     is held: the task goes to a person, the reason names the tool, the arguments and the
     earlier key, and the call did not run (it has no record and stays planned)."""
@@ -100,7 +100,7 @@ def test_r10_r12_the_second_identical_side_effect_is_held_naming_the_earlier_cal
     first = made(task, {"order": "A1", "amount": 5})
     assert task.snap.side_effects == {limits.identity("refund", first.args): 1}
     again = planned(task, {"order": "A1", "amount": 5})
-    assert limits.repeated_side_effect(task, again) is True
+    assert await limits.repeated_side_effect(task, again) is True
     assert task.snap.status is Status.NEEDS_HUMAN and task.strategies[-1] is \
         Strategy.REPEATED_SIDE_EFFECT
     reason = task.snap.error or ""
@@ -111,40 +111,40 @@ def test_r10_r12_the_second_identical_side_effect_is_held_naming_the_earlier_cal
     assert [r.key for r in task.idempotency] == [first.key]  # nothing recorded for the held one
 
 
-def test_r12_other_arguments_other_tools_and_repeatable_tools_are_not_held() -> None:
+async def test_r12_other_arguments_other_tools_and_repeatable_tools_are_not_held() -> None:
     """R12: only the same tool with the same arguments is a repeat, and a tool registered
     ``repeatable=True`` is never held for being identical."""
     task = a_task(refund_tool(), refund_tool("ping", repeatable=True))
     made(task, {"order": "A1", "amount": 5})
-    assert not limits.repeated_side_effect(task, planned(task, {"order": "A1", "amount": 6}))
+    assert not await limits.repeated_side_effect(task, planned(task, {"order": "A1", "amount": 6}))
     made(task, {}, tool="ping")
-    assert not limits.repeated_side_effect(task, planned(task, {}, tool="ping"))
+    assert not await limits.repeated_side_effect(task, planned(task, {}, tool="ping"))
     assert limits.identity("ping", {}) not in task.snap.side_effects  # not even counted
     assert task.snap.status is Status.RUNNING
 
 
-def test_r12_calls_that_did_not_succeed_are_not_counted() -> None:
+async def test_r12_calls_that_did_not_succeed_are_not_counted() -> None:
     """R12: a call that failed (retried under its own key) or was only planned is not a
     repeat: only a recorded result counts."""
     task = a_task()
     planned(task, {"order": "A1", "amount": 5})  # opened, never finished
     assert task.snap.side_effects == {}
-    assert not limits.repeated_side_effect(task, planned(task, {"order": "A1", "amount": 5}))
+    assert not await limits.repeated_side_effect(task, planned(task, {"order": "A1", "amount": 5}))
 
 
-def test_r12_the_limit_is_the_setting() -> None:
+async def test_r12_the_limit_is_the_setting() -> None:
     """R12: ``max_identical_side_effects=2`` lets the second identical call run and holds the
     third, naming the newest earlier call."""
     task = a_task(limit=2)
     made(task, {"order": "A1"})
-    assert not limits.repeated_side_effect(task, planned(task, {"order": "A1"}))
+    assert not await limits.repeated_side_effect(task, planned(task, {"order": "A1"}))
     second = made(task, {"order": "A1"})
-    assert limits.repeated_side_effect(task, planned(task, {"order": "A1"}))
+    assert await limits.repeated_side_effect(task, planned(task, {"order": "A1"}))
     assert "a 3rd time" in (task.snap.error or "")
     assert f"call {second.key} already succeeded" in (task.snap.error or "")
 
 
-def test_r26_a_persons_resume_does_not_forget_what_succeeded() -> None:
+async def test_r26_a_persons_resume_does_not_forget_what_succeeded() -> None:
     """R26: a resume grants the completions budget again, but a refund already paid stays
     counted: a resume for another reason never makes it payable a second time unasked."""
     task = a_task()
@@ -166,7 +166,7 @@ async def test_r10_r26_a_held_repeat_is_answered_with_the_earlier_result_without
     first = made(task, {"order": "A1", "amount": 5}, result={"refund": "r-1"})
     task.fake_reads.idempotency[first.key] = task.idempotency[-1]
     held = planned(task, {"order": "A1", "amount": 5})
-    assert limits.repeated_side_effect(task, held)
+    assert await limits.repeated_side_effect(task, held)
     counted = dict(task.snap.side_effects)
     earlier = await limits.answer_with_earlier(task, "ana", event_id=4)
     assert earlier == limits.Earlier(first.key, {"refund": "r-1"})

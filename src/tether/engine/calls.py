@@ -343,7 +343,7 @@ async def _give_up(task: RunningTask, call: CallState, fingerprint: str, trace: 
     event = Event("tool_error", snap.task_id, failure, priority=2)
     scratch = dict(frame.scratch)
     agent = task.agent_for(frame)
-    action = await agent.on_event(task.view(scratch), event)
+    action = await agent.on_event(await task.view(scratch), event)
     if isinstance(action, CancelSubtask):  # the failed call's own frame has no subtask
         task.log_recovery(Strategy.CANCEL_SUBTASK_REFUSED, detail=f"agent {agent.name!r}"
                           f" answered {call.tool}'s failure with CancelSubtask, but no"

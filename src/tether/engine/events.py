@@ -162,7 +162,7 @@ async def _offer(task: RunningTask, event: Event) -> bool | None:
         agent = task.agent_for(frame)
         scratch = copy.deepcopy(frame.scratch)
         try:
-            action = await agent.on_event(task.view(scratch, frame), event)
+            action = await agent.on_event(await task.view(scratch, frame), event)
             if action is not None:
                 action_to_dict(action)
         except Exception as error:  # agent code may raise anything; the event is in the dialog

@@ -138,7 +138,7 @@ def count_success(task: RunningTask, call: CallState) -> None:
         del seen[next(iter(seen))]
 
 
-def repeated_side_effect(task: RunningTask, call: CallState) -> bool:
+async def repeated_side_effect(task: RunningTask, call: CallState) -> bool:
     """Whether a newly planned side-effecting call must wait for a person before it runs
     (R10, R12): the same tool with the same arguments already succeeded in this task, as
     often as ``max_identical_side_effects`` allows. Then the task is handed to a person
@@ -150,7 +150,7 @@ def repeated_side_effect(task: RunningTask, call: CallState) -> bool:
     done = task.snap.side_effects.get(identity(call.tool, call.args), 0)
     if done < limit:
         return False
-    earlier = earlier_success(task.history, call)
+    earlier = earlier_success(await task.history.rows(), call)
     which = f"call {earlier.key}" if earlier is not None else "an earlier call"
     hand_to_person(task, f"the agent asked for {call.tool} with the same arguments a"
                          f" {_ordinal(done + 1)} time ({summary(call.args)}); {which} already"
@@ -216,7 +216,7 @@ async def answer_with_earlier(task: RunningTask, by: str, event_id: int | None =
             f"call {call.tool} key={call.key} is {call.status.value}"
         raise IllegalTransition(f"task {snap.task_id}: there is no held call to answer with an"
                                 f" earlier result ({state})")
-    earlier = earlier_success(task.history, call)
+    earlier = earlier_success(await task.history.rows(), call)
     if earlier is None:
         raise IllegalTransition(f"task {snap.task_id}: no earlier call of {call.tool} with the"
                                 f" same arguments ({summary(call.args)}) succeeded in this task,"

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from tether import blobs
+from tether.engine.dialog_rows import DialogRows
 from tether.errors import CorruptSnapshot
 from tether.model import Snapshot
 
@@ -21,31 +22,47 @@ class SnapshotSource(blobs.HeadSource, Protocol):
     async def read_history(self, task_id: str,
                            segments: Sequence[Sequence[int]]) -> list[dict[str, Any]]: ...
 
+    async def count_history(self, task_id: str, segments: Sequence[Sequence[int]]) -> int: ...
+
     async def list_versions(self, task_id: str) -> list[tuple[int, float, int]]: ...
 
 
-async def _complete_history(store: SnapshotSource, snap: Snapshot,
-                            version: int) -> list[dict[str, Any]]:
-    """The head's dialog, or CorruptSnapshot if rows it counts on are missing from the store."""
-    history = (await store.read_history(snap.task_id, snap.history_segments))[: snap.history_len]
-    if len(history) < snap.history_len:
-        raise CorruptSnapshot(f"task {snap.task_id} version {version}: dialog rows are missing"
-                              f" (the head counts {snap.history_len}, the store has {len(history)})")
-    return history
+EAGER_ROWS = 64
+"""A dialog up to this many rows is read at load (one query gives both its rows and that it
+is whole); a longer one is counted, and read when something needs it (dialog_rows)."""
 
 
-async def newest_readable(store: SnapshotSource, task_id: str, with_history: bool = False
-                          ) -> tuple[int, Snapshot, list[str], list[dict[str, Any]]]:
+async def _dialog(store: SnapshotSource, snap: Snapshot, version: int) -> DialogRows:
+    """The head's dialog (read now if short, else counted and read on demand), or
+    CorruptSnapshot if rows it counts on are missing from the store."""
+    task_id, segments, wanted = snap.task_id, [list(s) for s in snap.history_segments], \
+        snap.history_len
+    if wanted <= EAGER_ROWS:
+        rows = (await store.read_history(task_id, segments))[:wanted]
+        found = len(rows)
+    else:
+        rows, found = [], await store.count_history(task_id, segments)
+    if found < wanted:
+        raise CorruptSnapshot(f"task {task_id} version {version}: dialog rows are missing"
+                              f" (the head counts {wanted}, the store has {found})")
+    if rows or not wanted:
+        return DialogRows(rows)
+    return DialogRows([], wanted, lambda: store.read_history(task_id, segments),
+                      f"task {task_id} version {version}")
+
+
+async def newest_readable(store: SnapshotSource, task_id: str, with_dialog: bool = False
+                          ) -> tuple[int, Snapshot, list[str], DialogRows]:
     """The newest version that reads back whole, why each newer one did not, and (with
-    *with_history*) its dialog; a version whose dialog rows are missing is unreadable too."""
+    *with_dialog*) its dialog; a version whose dialog rows are missing is unreadable too."""
     version, data = await store.load_head(task_id)
     skipped: list[str] = []
     while True:
         try:
             snap = Snapshot.loads(await blobs.resolve(store, data, task_id, version), task_id,
                                   version)
-            history = await _complete_history(store, snap, version) if with_history else []
-            return version, snap, skipped, history
+            dialog = await _dialog(store, snap, version) if with_dialog else DialogRows([])
+            return version, snap, skipped, dialog
         except CorruptSnapshot as exc:
             skipped.append(str(exc))
             older = [v for v, _, _ in await store.list_versions(task_id) if v < version]

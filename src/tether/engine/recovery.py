@@ -92,16 +92,6 @@ async def restore(task: RunningTask) -> None:
         await ask_check_wait(task)  # it may have happened outside, unseen (R16)
 
 
-
-
-
-
-
-
-
-
-
-
 async def ask_check_wait(task: RunningTask) -> None:
     """Ask the agent whether what the frame waits for has already happened (R16).
 
@@ -115,7 +105,7 @@ async def ask_check_wait(task: RunningTask) -> None:
         return
     agent = task.agent_for(frame)
     try:
-        found = await agent.check_wait(task.view(), wait)
+        found = await agent.check_wait(await task.view(), wait)
         found = None if found is None else to_plain(found)
     except Exception as error:  # agent code may raise anything
         hand_to_person(task, f"check_wait of agent {agent.name!r} failed:"

@@ -22,6 +22,7 @@ from tether.agent import Agent, TaskView
 from tether.engine import budget, calls, degrade, limits, recovery, timers
 from tether.engine.admission import Admission, HeldBack
 from tether.engine.answers import planned_actions
+from tether.engine.dialog_rows import DialogRows
 from tether.engine.events import apply_event
 from tether.engine.host import RunnerHost
 from tether.engine.loading import newest_readable
@@ -86,7 +87,7 @@ class Runner:
     """
 
     def __init__(self, host: RunnerHost, claim: Claim, snap: Snapshot, version: int,
-                 history: list[dict[str, Any]]) -> None:
+                 history: DialogRows) -> None:
         self.host = host
         self.store = host.store
         self.reads = KnownRecords(self.store, claim.task_id)
@@ -135,7 +136,7 @@ class Runner:
         """Load the newest readable snapshot, falling back past corrupt versions."""
         store = host.store
         version, snap, skipped, history = await newest_readable(store, claim.task_id,
-                                                                with_history=True)
+                                                                with_dialog=True)
         if skipped:
             await recovery.branch_history(store, snap)
         runner = cls(host, claim, snap, version, history)
@@ -147,10 +148,11 @@ class Runner:
     def worker_degraded(self) -> dict[str, Any] | None:
         return self.host.degraded
 
-    def view(self, scratch: dict[str, Any] | None = None, frame: Frame | None = None) -> TaskView:
+    async def view(self, scratch: dict[str, Any] | None = None,
+                   frame: Frame | None = None) -> TaskView:
         frame = frame or self.snap.frame
         scratch = copy.deepcopy(frame.scratch) if scratch is None else scratch
-        return TaskView(self.snap, self.history, scratch, frame)
+        return TaskView(self.snap, await self.history.rows(), scratch, frame)
 
     def agent_for(self, frame: Frame) -> Agent:
         try:
@@ -335,7 +337,7 @@ class Runner:
         new scratch."""
         scratch = copy.deepcopy(self.snap.frame.scratch)
         agent = self.agent_for(self.snap.frame)
-        view = self.view(scratch)
+        view = await self.view(scratch)
         try:
             async with self.admission.plan_slot(self.snap, self.claim.fence, agent.limits,
                                                 self.urgency, lambda: limits.tokens_of(view)):
@@ -356,7 +358,7 @@ class Runner:
         if type(agent).prepare is Agent.prepare:
             return action
         try:
-            prepared = await agent.prepare(self.view(frame=frame), action)
+            prepared = await agent.prepare(await self.view(frame=frame), action)
         except Exception as error:  # agent code may raise anything
             recovery.plan_failed(self, error)
             return None
@@ -475,7 +477,7 @@ class Runner:
             return
         if call is None:
             call = await calls.open_call(self, action)
-            if call is None or (tool.side_effect and limits.repeated_side_effect(self, call)):
+            if call is None or (tool.side_effect and await limits.repeated_side_effect(self, call)):
                 return
         elif call.status == CallStatus.STARTED:  # it may have run: settled, never started again
             await calls.resolve_in_doubt(self)
@@ -598,7 +600,7 @@ class Runner:
     def replace_state(self, snap: Snapshot, history: list[dict[str, Any]]) -> None:
         self.forget_uncommitted()
         self.snap = snap
-        self.history[:] = history
+        self.history.replace(history)
 
     def captured_head(self, event_id: int, version: int) -> bytes | None:
         return self.host.captured_head(event_id, version)

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from tether import dialog
 from tether.agent import Agent, TaskView
+from tether.engine.dialog_rows import DialogRows
 from tether.errors import TetherError
 from tether.model import (
     Action,
@@ -76,7 +77,8 @@ class RunningTask(Protocol):
         """The version the snapshot was loaded from or last committed as."""
 
     @property
-    def history(self) -> list[dict[str, Any]]: ...
+    def history(self) -> DialogRows:
+        """The task's dialog (its rows read from the store when first needed)."""
 
     @property
     def claim(self) -> Claim: ...
@@ -103,7 +105,8 @@ class RunningTask(Protocol):
     def agent_for(self, frame: Frame) -> Agent:
         """The registered agent of *frame*; UnknownAgent naming the task if it is gone."""
 
-    def view(self, scratch: dict[str, Any] | None = None, frame: Frame | None = None) -> TaskView:
+    async def view(self, scratch: dict[str, Any] | None = None,
+                   frame: Frame | None = None) -> TaskView:
         """What an agent sees of the task (a copy of *frame*'s scratch unless given)."""
 
     def set_status(self, status: Status) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tether.engine.dialog_rows import DialogRows
 from tether.model import (
     CallState,
     CallStatus,
@@ -63,17 +64,16 @@ class CallStart:
     history_len: int
 
     @classmethod
-    def before(cls, snap: Snapshot, pending: Uncommitted,
-               history: list[dict[str, Any]]) -> CallStart:
+    def before(cls, snap: Snapshot, pending: Uncommitted, history: DialogRows) -> CallStart:
         call = snap.call
         return cls(call, None if call is None else (call.attempt, call.status, call.retry_at),
                    len(pending.rows), len(pending.idempotency), len(pending.log), len(history),
                    snap.history_len)
 
-    def undo(self, snap: Snapshot, pending: Uncommitted, history: list[dict[str, Any]]) -> None:
+    def undo(self, snap: Snapshot, pending: Uncommitted, history: DialogRows) -> None:
         snap.call = self.call
         if self.call is not None and self.fields is not None:
             self.call.attempt, self.call.status, self.call.retry_at = self.fields
         del pending.rows[self.rows:], pending.idempotency[self.records:], pending.log[self.log:]
-        del history[self.history:]
+        history.truncate(self.history)
         snap.history_len = self.history_len

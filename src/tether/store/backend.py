@@ -178,6 +178,9 @@ class SQLBackend(ABC):
     async def read_history(self, task_id: str, segments: Sequence[Sequence[int]]) -> list[dict[str, Any]]:
         return await self._read(steps.read_history(task_id, segments))
 
+    async def count_history(self, task_id: str, segments: Sequence[Sequence[int]]) -> int:
+        return await self._read(steps.count_history(task_id, segments))
+
     async def pending_events(self, task_id: str) -> list[StoredEvent]:
         return await self._read(steps.pending_events(task_id))
 

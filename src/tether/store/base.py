@@ -212,6 +212,10 @@ class WorkerStore(SnapshotReads, Protocol):
     and events, and what a worker reads while it runs one. Every write goes through here;
     writes under a lease are fence-checked, so a worker that lost its lease lands nothing."""
 
+    async def count_history(self, task_id: str, segments: Sequence[Sequence[int]]) -> int:
+        """How many rows :meth:`read_history` gives for *segments*, without reading them (a
+        runner checks a version's dialog is whole, and reads it when it needs it)."""
+
     async def create_task(self, record: TaskRecord, head: bytes, wake_at: float | None = None,
                           blobs: Mapping[str, bytes] | None = None) -> None:
         """Insert a task and its version-1 snapshot (and the large values it refers to, R20);

@@ -96,6 +96,8 @@ INSERT_BLOB = ("INSERT INTO blobs (digest, data, created_at) VALUES (?, ?, ?)"
                " ON CONFLICT (digest) DO NOTHING")
 HISTORY = ("SELECT entry FROM history WHERE task_id = ? AND epoch = ? AND seq BETWEEN ? AND ?"
            " ORDER BY seq")
+COUNT_HISTORY = ("SELECT COUNT(*) AS n FROM history WHERE task_id = ? AND epoch = ?"
+                 " AND seq BETWEEN ? AND ?")
 INSERT_HISTORY = "INSERT INTO history (task_id, epoch, seq, entry) VALUES (?, ?, ?, ?)"
 
 # ------------------------------------------------------------------ events

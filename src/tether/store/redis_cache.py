@@ -180,6 +180,7 @@ class CachedStore:
         self.get_task = inner.get_task
         self.load_blobs = inner.load_blobs
         self.read_history = inner.read_history
+        self.count_history = inner.count_history
         self.list_versions = inner.list_versions
         self.renew = inner.renew
         self.break_lease = inner.break_lease

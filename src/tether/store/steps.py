@@ -359,6 +359,17 @@ def read_history(task_id: str, segments: Sequence[Sequence[int]]) -> Steps[list[
     return entries
 
 
+def count_history(task_id: str, segments: Sequence[Sequence[int]]) -> Steps[int]:
+    """How many rows :func:`read_history` would give for *segments*, without reading them."""
+    count, first = 0, 1
+    for epoch, last in segments:
+        upper = OPEN_END if last < 0 else last
+        row = yield one(q.COUNT_HISTORY, task_id, epoch, first, upper)
+        count += int(row["n"]) if row is not None else 0
+        first = upper + 1
+    return count
+
+
 # ------------------------------------------------------------------ events
 
 

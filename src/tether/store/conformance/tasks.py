@@ -588,7 +588,8 @@ class TaskConformance:
 
     async def test_history_branches_follow_segments(self, store: Store) -> None:
         """R8, R14: history is append-only; a rollback reads the old branch up to a point,
-        then the new epoch."""
+        then the new epoch. Counting a branch's rows (what a runner does at load, R20) gives
+        what reading them gives."""
         now = time.time()
         await make_task(store, "t1")
         lease = await claim(store, "t1", now)
@@ -605,6 +606,11 @@ class TaskConformance:
         assert whole_old[0] == {"role": "user", "n": "e0-1"}
         assert [e["n"] for e in await store.read_history("t1", [[0, 2]])] == ["e0-1", "e0-2"]
         assert await store.read_history("t1", [[7, -1]]) == []
+        for segments in ([[0, 3], [epoch, -1]], [[0, -1]], [[0, 2]], [[7, -1]], [[0, 0]],
+                         [[0, 3], [epoch, 4]], [[epoch, -1]]):
+            assert await store.count_history("t1", segments) == len(
+                await store.read_history("t1", segments)), segments
+        assert await store.count_history("ghost", [[0, -1]]) == 0
 
     async def test_a_task_created_paused_is_written_whole_before_any_worker_sees_it(
             self, store: Store) -> None:
