@@ -111,20 +111,25 @@ def bytes_written(systems: list[str], steps: int, work: Path, pg: str,
     return found
 
 
-def killed_and_resumed(system: str, steps: int, work: Path) -> float:
+def killed_and_resumed(system: str, steps: int, work: Path | None,
+                       src: Path | None = None) -> float:
     """One task of *steps* steps, its process SIGKILLed inside the last call; seconds from
-    the new process opening its store until that call runs again."""
+    the new process opening its store until that call runs again (with *src*, that tree's
+    tether in both processes)."""
     with scratch(f"resume-{system}", work) as folder:
         args = ["systems.py", system, str(steps + 1), str(folder)]
-        found = kill_when_ready_then([*args, "--mode", "hang"], [*args, "--mode", "resume"])
+        found = kill_when_ready_then([*args, "--mode", "hang"], [*args, "--mode", "resume"],
+                                     src)
         return float(found["resume_to_call_s"])
 
 
-def kill_when_ready_then(child_args: list[str], recover_args: list[str]) -> dict[str, Any]:
+def kill_when_ready_then(child_args: list[str], recover_args: list[str],
+                         src: Path | None = None) -> dict[str, Any]:
     """Start a child, SIGKILL it once it says READY, let its 1 s leases run out, then run
     the recovering process and return what it measured."""
+    env = {**os.environ, "PYTHONPATH": str(src)} if src is not None else None
     child = subprocess.Popen([sys.executable, *child_args], cwd=HERE, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+                             stderr=subprocess.PIPE, text=True, env=env)
     assert child.stdout is not None
     line = child.stdout.readline()
     child.kill()
@@ -133,15 +138,15 @@ def kill_when_ready_then(child_args: list[str], recover_args: list[str]) -> dict
         why = child.stderr.read()[-400:] if child.stderr else ""
         raise RunFailed(f"the child never got ready: {line} {why}")
     time.sleep(1.2)
-    return python_json(recover_args)
+    return python_json(recover_args, src=src)
 
 
-def recover_many(tasks: int, work: Path) -> dict[str, Any]:
+def recover_many(tasks: int, work: Path | None, src: Path | None = None) -> dict[str, Any]:
     """*tasks* tasks in flight in one worker, SIGKILLed; a new process recovers them all."""
     with scratch("recover", work) as folder:
         return kill_when_ready_then(
             ["tether_figures.py", "interrupt", str(folder), str(tasks)],
-            ["tether_figures.py", "recover", str(folder), str(tasks)])
+            ["tether_figures.py", "recover", str(folder), str(tasks)], src)
 
 
 def tether_figure(name: str, n: int, work: Path) -> dict[str, Any]:

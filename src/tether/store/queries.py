@@ -25,7 +25,7 @@ only used when the query repeats its WHERE term word for word)."""
 FINISHED = ("completed", "failed", "cancelled")
 """A task in one of these whose holder never released it did not crash: it had finished."""
 
-_TASK_COLUMNS = ("task_id, agent, status, created_at, updated_at, head_version, reason,"
+TASK_COLUMNS = ("task_id, agent, status, created_at, updated_at, head_version, reason,"
                  " lease_owner, lease_until, wake_at")
 _EVENT_COLUMNS = ("id, task_id, type, priority, payload, source_event_id, created_at, status,"
                   " coalesce_class")
@@ -33,10 +33,10 @@ _IDEMPOTENCY_COLUMNS = "key, task_id, tool, args_hash, status, result, error, at
 
 # ------------------------------------------------------------------ tasks
 
-GET_TASK = f"SELECT {_TASK_COLUMNS} FROM tasks WHERE task_id = ?"
-LIST_TASKS = f"SELECT {_TASK_COLUMNS} FROM tasks ORDER BY created_at DESC LIMIT ?"
-LIST_TASKS_IN = f"SELECT {_TASK_COLUMNS} FROM tasks WHERE status = ? ORDER BY created_at DESC LIMIT ?"
-LEASED_TASKS = (f"SELECT {_TASK_COLUMNS} FROM tasks WHERE lease_owner IS NOT NULL"
+GET_TASK = f"SELECT {TASK_COLUMNS} FROM tasks WHERE task_id = ?"
+LIST_TASKS = f"SELECT {TASK_COLUMNS} FROM tasks ORDER BY created_at DESC LIMIT ?"
+LIST_TASKS_IN = f"SELECT {TASK_COLUMNS} FROM tasks WHERE status = ? ORDER BY created_at DESC LIMIT ?"
+LEASED_TASKS = (f"SELECT {TASK_COLUMNS} FROM tasks WHERE lease_owner IS NOT NULL"
                 f" AND status IN {OPEN} ORDER BY lease_until LIMIT ?")
 COUNT_BY_STATUS = "SELECT status, COUNT(*) AS tasks FROM tasks GROUP BY status"
 _URGENCY = ("CASE status WHEN 'needs_human' THEN 0 WHEN 'running' THEN 1 WHEN 'paused' THEN 2"
@@ -53,7 +53,7 @@ def find_tasks(by_status: bool, by_agent: bool, by_text: bool) -> str:
     terms = [term for term, used in zip(_FIND_TERMS, (by_status, by_agent, by_text),
                                         strict=True) if used]
     where = f" WHERE {' AND '.join(terms)}" if terms else ""
-    return (f"SELECT {_TASK_COLUMNS} FROM tasks{where}"
+    return (f"SELECT {TASK_COLUMNS} FROM tasks{where}"
             f" ORDER BY {_URGENCY}, updated_at DESC, task_id LIMIT ? OFFSET ?")
 INSERT_TASK = ("INSERT INTO tasks (task_id, agent, status, created_at, updated_at, head_version,"
                " wake_at, fence, reason) VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?)"

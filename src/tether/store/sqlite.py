@@ -101,7 +101,7 @@ SPARE_CANDIDATES = 7
 """Candidates looked at beyond the tasks a claim asks for: other workers may take some of
 them between the read and the lock."""
 # The same test for one row, under the write lock (another worker may have just taken it).
-_CLAIMABLE = f"""SELECT 1 FROM tasks WHERE task_id = :task_id AND {_FREE} AND (
+_CLAIMABLE = f"""SELECT {q.TASK_COLUMNS} FROM tasks WHERE task_id = :task_id AND {_FREE} AND (
     (status IN {q.OPEN} AND (lease_owner IS NOT NULL OR wake_at <= :now
                              OR (status IN ('pending', 'running') AND wake_at IS NULL)))
     OR (status IN ('failed', 'completed') AND wake_at <= :now))"""
@@ -240,9 +240,9 @@ class SQLiteStore(SQLBackend):
         for task_id in candidates:
             if len(taken) == most:
                 break
-            if db.execute(_CLAIMABLE, {**params, "task_id": task_id}).fetchone():
-                task = self._run(db, steps.get_task(task_id))
-                taken.append(_take(db, task, worker, params["now"], lease))
+            free = db.execute(_CLAIMABLE, {**params, "task_id": task_id}).fetchone()
+            if free is not None:  # the row as it is under the lock, read with the check
+                taken.append(_take(db, rows.task_record(free), worker, params["now"], lease))
         return taken
 
     async def claim_task(self, task_id: str, worker: str, now: float, lease: float) -> Claim | None:
