@@ -192,6 +192,8 @@ class Runner:
                     await self.sleep_until(due)
                     continue
                 await self.step()
+                if self.snap.status.is_terminal and not self.dirty:
+                    break  # it ended, committed: a lever sent meanwhile stays pending and due
         if self._stopping and self.snap.status is Status.RUNNING:
             self.log_recovery(Strategy.RELEASED, detail="the worker is shutting down; the task was"
                               " released cleanly at a step boundary (no recovery counted)")
