@@ -259,3 +259,63 @@ async def test_r17_a_graph_that_ends_at_its_tools_is_asked_again_from_its_rows(
     assert looked == ["A1"] and len(SEEN) == 2
     assert counted.runs == 2
     await h.close()
+
+
+async def test_r10_two_calls_with_one_id_each_reach_the_model_with_their_own_result(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An answer whose two calls share one id (a sloppy model): the kept run's tool node could
+    hand it only one result for both, so it is not continued; the next request, from the
+    task's rows, holds both results."""
+    looked: list[str] = []
+    twice = AIMessage("", tool_calls=[{"name": "lookup", "args": {"order": o}, "id": "same"}
+                                      for o in ("A1", "B2")])
+    chat = model(twice, AIMessage("Both paid."))
+    h, agent = harness(tmp_path, create_agent(chat, tools=[lookups(looked)]))
+    counted = Counted(agent, monkeypatch)
+    task = await h.submit("support", "check A1 and B2")
+    await h.run_until_idle(timeout=20)
+    info = await h.get(task)
+    assert info.record.status is tt.Status.COMPLETED, info.record.reason
+    assert looked == ["A1", "B2"]
+    assert [m.content for m in SEEN[1] if isinstance(m, ToolMessage)] == [
+        "order A1: paid 40", "order B2: paid 40"]
+    assert counted.runs == 2
+    await h.close()
+
+
+class Evicting(Scripted):
+    """Answers asynchronously; while answering its second request, the task's conversation
+    is dropped from the agent (as other tasks' plans evict the oldest of those it keeps)."""
+
+    def __init__(self, agent_box: list[LangChainAgent], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._agent_box = agent_box
+
+    async def _agenerate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> Any:
+        if len(SEEN) == 1:
+            agent = self._agent_box[0]
+            for decoded in list(agent.dialogs.values()):
+                agent.forget(decoded)
+        return self._generate(messages, *args, **kwargs)
+
+
+async def test_r17_a_conversation_dropped_while_its_model_answers_is_not_asked_twice(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The request in flight is paid for: the run it waits for is left only once its answer
+    is in, so the model is asked once per turn, and the task ends as asked."""
+    looked: list[str] = []
+    box: list[LangChainAgent] = []
+    SEEN.clear()
+    FAIL_AT.clear()
+    chat = Evicting(box, responses=[answer("A1"), answer("B2"), AIMessage("Done.")])
+    h, agent = harness(tmp_path, create_agent(chat, tools=[lookups(looked)]))
+    box.append(agent)
+    counted = Counted(agent, monkeypatch)
+    task = await h.submit("support", "check A1, then B2")
+    await h.run_until_idle(timeout=20)
+    info = await h.get(task)
+    assert info.record.status is tt.Status.COMPLETED, info.record.reason
+    assert info.snapshot.result == "Done."
+    assert len(SEEN) == 3 and looked == ["A1", "B2"]
+    assert counted.runs == 2  # the dropped run is left after its answer; the next starts anew
+    await h.close()

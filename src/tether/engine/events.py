@@ -161,8 +161,9 @@ async def _offer(task: RunningTask, event: Event) -> bool | None:
     for frame in reversed(task.snap.stack):
         agent = task.agent_for(frame)
         scratch = copy.deepcopy(frame.scratch)
+        view = await task.view(scratch, frame)  # a store error here is not the agent's failure
         try:
-            action = await agent.on_event(await task.view(scratch, frame), event)
+            action = await agent.on_event(view, event)
             if action is not None:
                 action_to_dict(action)
         except Exception as error:  # agent code may raise anything; the event is in the dialog

@@ -104,8 +104,9 @@ async def ask_check_wait(task: RunningTask) -> None:
     if not wait:
         return
     agent = task.agent_for(frame)
+    view = await task.view()  # a store error reading the dialog is not the agent's failure
     try:
-        found = await agent.check_wait(await task.view(), wait)
+        found = await agent.check_wait(view, wait)
         found = None if found is None else to_plain(found)
     except Exception as error:  # agent code may raise anything
         hand_to_person(task, f"check_wait of agent {agent.name!r} failed:"

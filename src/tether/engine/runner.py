@@ -311,6 +311,7 @@ class Runner:
         if not frame.agenda:
             if recovery.over_step_limit(self) or limits.over_completion_limit(self):
                 return
+            await self.history.rows()  # read here: a store error is not a failed plan
             try:
                 planned, scratch = await self.plan()
             except (Preempted, HeldBack):
@@ -359,8 +360,9 @@ class Runner:
         agent = self.agent_for(frame)
         if type(agent).prepare is Agent.prepare:
             return action
+        view = await self.view(frame=frame)  # a store error here is not the agent's failure
         try:
-            prepared = await agent.prepare(await self.view(frame=frame), action)
+            prepared = await agent.prepare(view, action)
         except Exception as error:  # agent code may raise anything
             recovery.plan_failed(self, error)
             return None

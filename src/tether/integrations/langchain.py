@@ -231,10 +231,10 @@ class LangChainAgent(ModelAgent):
 
     def forget(self, decoded: Any) -> None:
         """Leave the graph run kept for a conversation that is dropped, done or not
-        continued."""
+        continued (after the model request a plan may be waiting for)."""
         live: LiveGraph | None = decoded.live
         if live is not None:
-            live.close()
+            live.leave()
             decoded.live = None
 
     def _calls(self, calls: Sequence[Mapping[str, Any]]) -> list[Action]:
@@ -256,6 +256,8 @@ class LangChainAgent(ModelAgent):
         results it waits for), else a new run from *history*. Returns the graph's state when
         it reached tools tether runs (True) or ended (False), the seconds the turn took, and
         the conversation as the run held it before the turn."""
+        asked: list[LiveGraph] = []  # the run the newest attempt asked (it may be dropped meanwhile)
+
         async def once() -> tuple[Stop, list[BaseMessage], bool]:
             nonlocal results
             for _ in range(3):
@@ -266,6 +268,7 @@ class LangChainAgent(ModelAgent):
                 else:
                     live = self._live(decoded, history)
                 continued, results = results is not None, None
+                asked[:] = [live]
                 before = live.known
                 try:
                     stop = await live.next_stop()
@@ -278,7 +281,7 @@ class LangChainAgent(ModelAgent):
             raise ModelError(f"agent {self.name}: its graph run ended before it asked the model")
 
         def partial() -> str:
-            return decoded.live.partial.text() if decoded.live is not None else ""
+            return asked[0].partial.text() if asked else ""
 
         ((state, stopped), before, silent), seconds = await self.request(
             once, f"agent {self.name}", partial)

@@ -101,6 +101,8 @@ class LiveGraph:
         """The calls of the answer the run waits at (their tool node waits for results)."""
         self.streamed = "messages" in modes
         self.gone = False
+        self._turning = False
+        self._leaving = False
         self._answer_id: str | None = None
         self._results: dict[tuple[str | None, str], asyncio.Future[ToolMessage]] = {}
         self._stop: asyncio.Future[Stop] = asyncio.get_running_loop().create_future()
@@ -156,7 +158,9 @@ class LiveGraph:
         return await waiting
 
     async def next_stop(self) -> Stop:
-        """Wait for the run's next stop; cancelled, the run is left for good."""
+        """Wait for the run's next stop; cancelled, the run is left for good. A run closed
+        meanwhile by :meth:`leave` is left once its answer is in (never asked again)."""
+        self._turning = True
         try:
             return await self._stop
         except asyncio.CancelledError:
@@ -164,6 +168,10 @@ class LiveGraph:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.wait({self._holder}, timeout=LEAVE_WAIT)
             raise
+        finally:
+            self._turning = False
+            if self._leaving:
+                self.close()
 
     def hold(self, final: list[BaseMessage], answer: AIMessage) -> None:
         """The run waits at *answer* (the last message of *final*) for tether to run its
@@ -174,11 +182,13 @@ class LiveGraph:
 
     def continues(self, owner: object, history: list[BaseMessage]) -> bool:
         """Whether *history*, of the conversation this run was made for, is the run's and a
-        result for every call its tool node waits for, and nothing else."""
+        result for every call its tool node waits for, and nothing else. An answer that gave
+        two calls one id is not continued: the tool node would get one result for both."""
         count = len(self.known)
         tail = history[count:]
         return not self.gone and owner is self.owner and bool(self.asked) \
-            and len(tail) == len(self.asked) and history[count - 1].id == self.known[-1].id \
+            and len(set(self.asked)) == len(self.asked) and len(tail) == len(self.asked) \
+            and history[count - 1].id == self.known[-1].id \
             and sorted(_answers(tail)) == sorted(self.asked)
 
     def resume(self, results: list[BaseMessage]) -> None:
@@ -201,6 +211,15 @@ class LiveGraph:
         """Leave the run: its holder is cancelled wherever it waits."""
         self.gone = True
         self._holder.cancel()
+
+    def leave(self) -> None:
+        """Leave the run, but not in the middle of a model request a turn waits for (its
+        conversation was dropped from outside, say evicted by other tasks' plans): that
+        request is paid for, so its answer is let through first."""
+        if self._turning:
+            self._leaving = True
+        else:
+            self.close()
 
 
 def _answers(messages: Sequence[BaseMessage]) -> list[str]:
