@@ -92,6 +92,15 @@ def harness(tmp_path: Path, graph: Any, **options: Any) -> tuple[tt.Harness, Lan
     return h, agent
 
 
+async def completed(h: tt.Harness, prompt: str) -> tt.TaskInfo:
+    """A task of the support agent, run until idle: completed, as it should."""
+    task = await h.submit("support", prompt)
+    await h.run_until_idle(timeout=20)
+    info = await h.get(task)
+    assert info.record.status is tt.Status.COMPLETED, info.record.reason
+    return info
+
+
 def model(*responses: BaseMessage) -> Scripted:
     SEEN.clear()
     FAIL_AT.clear()
@@ -130,10 +139,7 @@ async def test_r17_one_graph_run_serves_every_turn_and_each_result_reaches_its_c
         else hand_built(chat, looked)
     h, agent = harness(tmp_path, graph)
     counted = Counted(agent, monkeypatch)
-    task = await h.submit("support", "check my orders")
-    await h.run_until_idle(timeout=20)
-    info = await h.get(task)
-    assert info.record.status is tt.Status.COMPLETED, info.record.reason
+    info = await completed(h, "check my orders")
     assert info.snapshot.result == "All paid."
     assert looked == ["A1", "B2", "C3", "D4", "E5"]
     assert counted.runs == 1
@@ -167,10 +173,7 @@ async def test_r03_a_message_between_the_calls_reaches_the_model_through_a_new_r
     h, agent = harness(tmp_path, create_agent(chat, tools=[lookup]))
     h_box.append(h)
     counted = Counted(agent, monkeypatch)
-    task = await h.submit("support", "check A1")
-    await h.run_until_idle(timeout=20)
-    info = await h.get(task)
-    assert info.record.status is tt.Status.COMPLETED, info.record.reason
+    await completed(h, "check A1")
     assert looked == ["A1", "B2"]
     second = SEEN[1]
     assert [type(m) for m in second] == [HumanMessage, AIMessage, ToolMessage, HumanMessage]
@@ -203,10 +206,7 @@ async def test_r14_a_rollback_while_the_run_waits_asks_from_the_versions_convers
     h, agent = harness(tmp_path, create_agent(chat, tools=[lookup]))
     h_box.append(h)
     counted = Counted(agent, monkeypatch)
-    task = await h.submit("support", "check A1")
-    await h.run_until_idle(timeout=20)
-    info = await h.get(task)
-    assert info.record.status is tt.Status.COMPLETED, info.record.reason
+    info = await completed(h, "check A1")
     assert info.snapshot.result == "Back to A1 only."
     third = SEEN[2]
     assert [type(m) for m in third] == [HumanMessage, AIMessage, ToolMessage]
@@ -226,10 +226,7 @@ async def test_r12_a_request_that_fails_in_a_kept_run_is_asked_again_in_a_new_ru
     h, agent = harness(tmp_path, create_agent(chat, tools=[lookups(looked)]),
                        retry=RetryPolicy(attempts=3, base=0.0, cap=0.0))
     counted = Counted(agent, monkeypatch)
-    task = await h.submit("support", "check A1")
-    await h.run_until_idle(timeout=20)
-    info = await h.get(task)
-    assert info.record.status is tt.Status.COMPLETED, info.record.reason
+    await completed(h, "check A1")
     assert looked == ["A1", "B2"]
     assert [type(m) for m in SEEN[1]] == [HumanMessage, AIMessage, ToolMessage]
     assert counted.runs == 2
@@ -251,10 +248,7 @@ async def test_r17_a_graph_that_ends_at_its_tools_is_asked_again_from_its_rows(
     chat = model(answer("A1"), AIMessage("A1 is paid."))
     h, agent = harness(tmp_path, create_agent(chat, tools=[lookup]))
     counted = Counted(agent, monkeypatch)
-    task = await h.submit("support", "check A1")
-    await h.run_until_idle(timeout=20)
-    info = await h.get(task)
-    assert info.record.status is tt.Status.COMPLETED, info.record.reason
+    info = await completed(h, "check A1")
     assert info.snapshot.result == "A1 is paid."
     assert looked == ["A1"] and len(SEEN) == 2
     assert counted.runs == 2
@@ -272,10 +266,7 @@ async def test_r10_two_calls_with_one_id_each_reach_the_model_with_their_own_res
     chat = model(twice, AIMessage("Both paid."))
     h, agent = harness(tmp_path, create_agent(chat, tools=[lookups(looked)]))
     counted = Counted(agent, monkeypatch)
-    task = await h.submit("support", "check A1 and B2")
-    await h.run_until_idle(timeout=20)
-    info = await h.get(task)
-    assert info.record.status is tt.Status.COMPLETED, info.record.reason
+    await completed(h, "check A1 and B2")
     assert looked == ["A1", "B2"]
     assert [m.content for m in SEEN[1] if isinstance(m, ToolMessage)] == [
         "order A1: paid 40", "order B2: paid 40"]
@@ -311,10 +302,7 @@ async def test_r17_a_conversation_dropped_while_its_model_answers_is_not_asked_t
     h, agent = harness(tmp_path, create_agent(chat, tools=[lookups(looked)]))
     box.append(agent)
     counted = Counted(agent, monkeypatch)
-    task = await h.submit("support", "check A1, then B2")
-    await h.run_until_idle(timeout=20)
-    info = await h.get(task)
-    assert info.record.status is tt.Status.COMPLETED, info.record.reason
+    info = await completed(h, "check A1, then B2")
     assert info.snapshot.result == "Done."
     assert len(SEEN) == 3 and looked == ["A1", "B2"]
     assert counted.runs == 2  # the dropped run is left after its answer; the next starts anew

@@ -12,9 +12,18 @@ import queue
 import signal
 import sqlite3
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
+
+
+def killed_itself(script: str, *args: str, timeout: float = 50.0) -> None:
+    """Run *script* (a test file run as a child) with *args*, and check that it ended by the
+    SIGKILL it sends itself, not by an error of its own."""
+    child = subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
+                           timeout=timeout)
+    assert child.returncode == -signal.SIGKILL, child.stderr
 
 
 def stopped(pid: int, timeout: float = 2.0) -> bool:

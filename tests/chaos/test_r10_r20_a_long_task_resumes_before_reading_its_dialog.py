@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _child import killed_itself
 
 import tether as tt
 from tether.engine.loading import EAGER_ROWS
@@ -62,9 +62,7 @@ async def run_and_die(db: str) -> None:
 def test_r10_r20_the_call_runs_again_first_and_the_plan_after_it_sees_every_row(
         tmp_path: Path) -> None:
     db = str(tmp_path / "t.db")
-    child = subprocess.run([sys.executable, __file__, db], capture_output=True, text=True,
-                           timeout=50)
-    assert child.returncode == -signal.SIGKILL, child.stderr
+    killed_itself(__file__, db)
 
     async def resume() -> dict[str, Any]:
         seen: list[str] = []

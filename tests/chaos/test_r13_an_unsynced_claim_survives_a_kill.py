@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from _child import killed_itself
 
 from tether.store import SQLiteStore
 from tether.store.conformance.helpers import LEASE, make_task
@@ -40,9 +40,7 @@ async def claim_then_die(db: str) -> None:
 def test_r13_a_claim_a_renewal_and_a_release_survive_a_sigkill_right_after(
         tmp_path: Path) -> None:
     db = str(tmp_path / "t.db")
-    child = subprocess.run([sys.executable, __file__, db], capture_output=True, text=True,
-                           timeout=30)
-    assert child.returncode == -signal.SIGKILL, child.stderr
+    killed_itself(__file__, db)
 
     async def read() -> None:
         store = SQLiteStore(db)

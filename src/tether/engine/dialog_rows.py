@@ -35,11 +35,6 @@ class DialogRows:
     def __len__(self) -> int:
         return self._unread + len(self._rows)
 
-    @property
-    def read(self) -> bool:
-        """Whether every row is in memory."""
-        return not self._unread
-
     async def rows(self) -> list[dict[str, Any]]:
         """Every row, in order (read from the store the first time it is asked)."""
         if self._unread:

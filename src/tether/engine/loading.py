@@ -35,8 +35,8 @@ is whole); a longer one is counted, and read when something needs it (dialog_row
 async def _dialog(store: SnapshotSource, snap: Snapshot, version: int) -> DialogRows:
     """The head's dialog (read now if short, else counted and read on demand), or
     CorruptSnapshot if rows it counts on are missing from the store."""
-    task_id, segments, wanted = snap.task_id, [list(s) for s in snap.history_segments], \
-        snap.history_len
+    task_id, wanted = snap.task_id, snap.history_len
+    segments = [list(segment) for segment in snap.history_segments]  # the branch as loaded
     if wanted <= EAGER_ROWS:
         rows = (await store.read_history(task_id, segments))[:wanted]
         found = len(rows)

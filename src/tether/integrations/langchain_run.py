@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import logging
 from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any, cast
@@ -43,7 +42,6 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 __all__ = ["LiveGraph", "Partial", "RunGone", "Stop", "answering_copy", "callbacks"]
 
-log = logging.getLogger("tether")
 KEPT_STEPS = 1_000_000_000
 """A kept run's recursion limit: it takes two or more super-steps per model turn for as long
 as the task lasts; tether bounds a task's model turns itself (``Settings.max_completions``)."""
@@ -51,7 +49,6 @@ LEAVE_WAIT = 5.0
 """Seconds a cancelled turn waits for its run to be left (the model request cut)."""
 LIVE: ContextVar[LiveGraph | None] = ContextVar("tether_live_graph", default=None)
 """The kept run a holder task drives; its graph's tool nodes find it here."""
-
 
 
 class RunGone(Exception):

@@ -26,7 +26,7 @@ FINISHED = ("completed", "failed", "cancelled")
 """A task in one of these whose holder never released it did not crash: it had finished."""
 
 TASK_COLUMNS = ("task_id, agent, status, created_at, updated_at, head_version, reason,"
-                 " lease_owner, lease_until, wake_at")
+                " lease_owner, lease_until, wake_at")
 _EVENT_COLUMNS = ("id, task_id, type, priority, payload, source_event_id, created_at, status,"
                   " coalesce_class")
 _IDEMPOTENCY_COLUMNS = "key, task_id, tool, args_hash, status, result, error, attempts, updated_at"
