@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 import pytest
@@ -67,24 +68,25 @@ def url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
 async def test_r13_a_step_on_postgres_reads_its_inbox_in_the_round_trip_of_its_commit(
         pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The runner's own reads of the inbox (its ticks; the worker's watcher also reads when
-    the server says something changed) are two in all, not one a step. (SQLite reads
-    its file in-process: its commit_reading is the commit, and the tick reads.)"""
-    ticking: list[bool] = []
+    the server says something changed, in a task of its own, which is not counted) are two
+    in all, not one a step. (SQLite reads its file in-process: its commit_reading is the
+    commit, and the tick reads.)"""
+    ticking: ContextVar[bool] = ContextVar("ticking", default=False)
     tick = Runner.tick
 
     async def watched_tick(runner: Runner) -> None:
-        ticking.append(True)
+        token = ticking.set(True)  # seen only in the runner's own task, not the watcher's
         try:
             await tick(runner)
         finally:
-            ticking.pop()
+            ticking.reset(token)
 
     monkeypatch.setattr(Runner, "tick", watched_tick)
     seen: list[str] = []
     async with stepper(pg_url, seen) as h:
         task = await h.submit("stepper")
         calls = counting(h.store, ("commit", "commit_reading"))
-        reads = counting(h.store, ("pending_events",), when=lambda: bool(ticking))
+        reads = counting(h.store, ("pending_events",), when=ticking.get)
         await h.run_until_idle(timeout=30)
         assert (await h.get(task)).record.status is tt.Status.COMPLETED
     assert calls["commit_reading"] >= STEPS and calls["commit"] == 0
