@@ -39,8 +39,10 @@ _open: weakref.WeakSet[LiveCrew] = weakref.WeakSet()
 """Every run not left yet, so a process ending can leave them (see :func:`_leave_all`)."""
 
 
-class RunGone(Exception):
-    """The run was left: the question it asked will not be answered."""
+class RunGone(BaseException):
+    """The run was left: the question it asked will not be answered. Not an ``Exception``:
+    CrewAI's handlers of tool and model errors (which retry, or log the error and go on)
+    must not catch it; it ends the kickoff, which no one waits for any more."""
 
 
 @dataclass
