@@ -15,11 +15,11 @@ import pytest
 
 pytest.importorskip("crewai", reason="CrewAI runs in its own environment: .ci/crewai-venv")
 
-from crewai import Agent, Crew, Process, Task  # noqa: E402
-from crewai.tools import tool  # noqa: E402
+from crewai import Agent, Crew, Process, Task
+from crewai.tools import tool
 
-import tether as tt  # noqa: E402
-from tether.integrations.crewai import CrewAIAgent  # noqa: E402
+import tether as tt
+from tether.integrations.crewai import CrewAIAgent
 
 HERE = Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location("tether_crew_app_inproc", HERE / "_crew_app.py")
