@@ -93,6 +93,23 @@ def test_r22_what_cannot_be_made_durable_is_refused_by_name(made: Any, named: st
     assert named in str(refused.value), refused.value
 
 
+def test_r22_a_hook_that_could_block_a_call_is_refused_by_name() -> None:
+    """R22: a global before_tool_call hook could block a call of a native answer that tether
+    makes itself, so it is refused, named, while it is registered."""
+    from crewai.hooks import register_before_tool_call_hook, unregister_before_tool_call_hook
+
+    def no_refunds(context: Any) -> bool | None:
+        return False
+
+    register_before_tool_call_hook(no_refunds)
+    try:
+        with pytest.raises(tt.ConfigurationError, match="before_tool_call hook no_refunds"):
+            CrewAIAgent(_crew())
+    finally:
+        unregister_before_tool_call_hook(no_refunds)
+    CrewAIAgent(_crew())  # without it, the crew is taken
+
+
 def test_r22_only_a_crew_is_taken() -> None:
     with pytest.raises(tt.ConfigurationError, match="takes a CrewAI Crew, not Agent"):
         CrewAIAgent(_agent())  # type: ignore[arg-type]
@@ -184,3 +201,23 @@ async def test_r17_a_crew_changed_under_a_running_task_is_not_guessed_at(
     said = " ".join([info.record.reason or "", *log])
     assert "asked by agent 'renamed' where the dialog has it from 'worker'" in said, said
     assert asked() == Counter({1: 2, 2: 2}), asked()
+
+
+async def test_r13_tasks_of_one_crew_run_side_by_side_and_one_after_another(
+        tmp_path: Path) -> None:
+    """R13: three tasks of one crew at once, then two more: each runs a copy of the crew of
+    its own (a copy whose kickoff ended is kicked off again by a later task), and each gets
+    its own answers: every crew task of every task asked its model twice, and ran its tool
+    once under a key of its own task."""
+    async with app.harness(str(tmp_path / "t.db")) as h:
+        first = [await h.submit("crew", f"list {n}") for n in range(3)]
+        await h.run_until_idle(timeout=60)
+        later = [await h.submit("crew", f"list {n}") for n in range(3, 5)]
+        await h.run_until_idle(timeout=60)
+        infos = [await h.get(task) for task in [*first, *later]]
+    assert all(i.record.status is tt.Status.COMPLETED for i in infos), infos
+    assert all(i.snapshot.result == "step 5 done" for i in infos)
+    assert asked() == Counter({n: 10 for n in range(1, 6)}), asked()
+    worked = [key for what, _, key in app.runs() if what == "work"]
+    assert len(worked) == 25 and len(set(worked)) == 25
+    assert all(sum(task in key for key in worked) == 5 for task in [*first, *later]), worked

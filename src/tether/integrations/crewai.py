@@ -31,7 +31,9 @@ knowledge, planning and reasoning (their own model requests and stores outside t
 hierarchical crews (a manager model), delegation (a tool that runs another agent), asynchronous
 tasks, human input on tasks (CrewAI reads the terminal), step and task callbacks (they would
 run again on replay), a ``function_calling_llm``, structured task output (``output_pydantic``
-or ``output_json``) and two tools of one name that are not the same tool.
+or ``output_json``), two tools of one name that are not the same tool, and CrewAI's global
+``before_tool_call`` hooks (tether makes the calls of a native answer itself, so a call such
+a hook would block would still be made).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from typing import Any, cast
 from crewai import Crew
 from crewai.events import crewai_event_bus
 from crewai.events.types.llm_events import LLMStreamChunkEvent
+from crewai.hooks import get_before_tool_call_hooks
 from crewai.tools import BaseTool
 from crewai.utilities.string_utils import sanitize_tool_name
 
@@ -55,13 +58,12 @@ from tether.agents.model_calls import ModelError, RetryPolicy
 from tether.errors import ConfigurationError
 from tether.integrations.crewai_run import (
     Broke,
+    Copies,
     Ended,
     LiveCrew,
     ModelAsk,
     ToolAsk,
     arguments,
-    bridge,
-    bridged,
 )
 from tether.model import Action, Continue, Finish, ToolCall
 from tether.tools import ReconcileFn, Tool, ToolContext, ToolPolicy, running
@@ -98,6 +100,7 @@ class CrewAIAgent(ModelAgent):
         self.reconcilers = {name: _reconciler(name, self.tools[name], policy.reconcile)
                             for name, policy in self.policies.items()
                             if policy.reconcile is not None}
+        self.copies = Copies(crew)
         self.names = {sanitize_tool_name(name): name for name in self.tools}
         """The name a model calls each tool by (CrewAI's sanitised form), to the tool's."""
 
@@ -134,7 +137,7 @@ class CrewAIAgent(ModelAgent):
         if talk.live is not None and talk.live.models_answered != len(talk.answers):
             self.forget(talk)  # it was given an answer the dialog does not hold
         if talk.live is None:
-            talk.live = LiveCrew(self.crew, _inputs(task.input), _prepare)
+            talk.live = LiveCrew(self.copies, _inputs(task.input))
         live = talk.live
         for waiting in live.waiting_tools():  # calls the last plan handed to tether
             if self._tool_asked(live, talk, waiting) is not None:
@@ -360,6 +363,9 @@ def _crew_tools(crew: Crew) -> dict[str, BaseTool]:
         refusals += [f"{what} of task {task.name or task.description[:40]!r}"
                      for name, what in REFUSED_TASK.items() if getattr(task, name, None)]
         refusals += _add_tools(tools, task.tools or [])
+    refusals += [f"the before_tool_call hook {getattr(hook, '__name__', repr(hook))} (tether"
+                 " makes the calls of a native answer itself: one the hook would block would"
+                 " still be made)" for hook in get_before_tool_call_hooks()]
     if refusals:
         raise ConfigurationError("the crew uses what tether cannot make durable yet: "
                                  + "; ".join(dict.fromkeys(refusals)))
@@ -373,15 +379,6 @@ def _add_tools(tools: dict[str, BaseTool], found: Iterable[BaseTool]) -> list[st
         if known is not tool and getattr(known, "func", known) is not getattr(tool, "func", tool):
             clashes.append(f"two tools named {tool.name!r} (tether names calls by tool)")
     return clashes
-
-
-def _prepare(crew: Any, live: LiveCrew) -> None:
-    """The run's copy of the crew asks this run: bridged models and tools."""
-    for agent in crew.agents:
-        agent.llm = bridge(agent.llm, live)
-        agent.tools = [bridged(tool, live) for tool in agent.tools or []]
-    for task in crew.tasks:
-        task.tools = [bridged(tool, live) for tool in task.tools or []]
 
 
 def _role(asked: ModelAsk) -> str | None:

@@ -24,7 +24,7 @@ import itertools
 import json
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,12 +82,52 @@ class Broke:
 Ask = ModelAsk | ToolAsk | Ended | Broke
 
 
-class LiveCrew:
-    """One kickoff of a copy of a crew, its questions queued for the plan (see the module
-    docstring). *prepare* turns the copy's models and tools into bridges to this run."""
+class Copies:
+    """Copies of one crew whose models and tools are bridges, each kicked off by one run at a
+    time. A copy whose kickoff ended is kicked off again by a later run, as CrewAI runs one
+    crew many times: a new copy builds its agents' executors again, which cost more than the
+    rest of a short task. A copy left half-way is never used again."""
 
-    def __init__(self, crew: Any, inputs: Mapping[str, Any],
-                 prepare: Callable[[Any, LiveCrew], None]) -> None:
+    KEPT = 8
+    """Idle copies kept; a worker running more tasks of the crew at once makes more."""
+
+    def __init__(self, crew: Any) -> None:
+        self.crew = crew
+        self.idle: list[Any] = []
+
+    def take(self, live: LiveCrew) -> Any:
+        """A copy whose bridges ask *live*."""
+        if self.idle:
+            copy = self.idle.pop()
+            for bridged_one in _bridges(copy):
+                bridged_one.live = live
+            return copy
+        copy = self.crew.copy()
+        for agent in copy.agents:
+            agent.llm = bridge(agent.llm, live)
+            agent.tools = [bridged(tool, live) for tool in agent.tools or []]
+        for task in copy.tasks:
+            task.tools = [bridged(tool, live) for tool in task.tools or []]
+        return copy
+
+    def give_back(self, copy: Any) -> None:
+        """A copy whose kickoff ended, for the next run."""
+        if len(self.idle) < self.KEPT:
+            self.idle.append(copy)
+
+
+def _bridges(copy: Any) -> list[Any]:
+    found: list[Any] = [agent.llm for agent in copy.agents]
+    for holder in (*copy.agents, *copy.tasks):
+        found += holder.tools or []
+    return found
+
+
+class LiveCrew:
+    """One kickoff of a copy of a crew (from *copies*), its questions queued for the plan
+    (see the module docstring)."""
+
+    def __init__(self, copies: Copies, inputs: Mapping[str, Any]) -> None:
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[Ask] = asyncio.Queue()
         self.gone = False
@@ -98,9 +138,9 @@ class LiveCrew:
         self.expected: list[tuple[str, str, dict[str, Any]]] = []
         """The calls of the last answer not matched to a tool call of the crew yet."""
         self.parsed = 0
-        copy = crew.copy()
-        prepare(copy, self)
-        self.thread = threading.Thread(target=self._kickoff, args=(copy, dict(inputs)),
+        self.copies = copies
+        self.copy = copies.take(self)
+        self.thread = threading.Thread(target=self._kickoff, args=(self.copy, dict(inputs)),
                                        name=f"tether-crew-{next(_runs)}", daemon=True)
         _open.add(self)
         self.thread.start()
@@ -128,10 +168,14 @@ class LiveCrew:
     # ------------------------------------------------------------------ the plan's side
 
     async def next(self) -> Ask:
-        """The crew's next question (or its end)."""
+        """The crew's next question (or its end: its copy is then free for another run)."""
         asked = await self.queue.get()
         if isinstance(asked, ModelAsk | ToolAsk):
             self.open.append(asked)
+        elif isinstance(asked, Ended) and not self.gone:
+            self.gone = True
+            _open.discard(self)
+            self.copies.give_back(self.copy)
         return asked
 
     def answer(self, question: ModelAsk | ToolAsk, value: Any) -> None:
