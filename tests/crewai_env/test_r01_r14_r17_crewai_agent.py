@@ -221,3 +221,25 @@ async def test_r13_tasks_of_one_crew_run_side_by_side_and_one_after_another(
     worked = [key for what, _, key in app.runs() if what == "work"]
     assert len(worked) == 25 and len(set(worked)) == 25
     assert all(sum(task in key for key in worked) == 5 for task in [*first, *later]), worked
+
+
+async def test_r17_tools_given_to_a_task_are_tether_calls_too(tmp_path: Path) -> None:
+    """R17: a crew whose tool is given to its tasks (not to its agent): each call of it is
+    a tether call under a key of its own, run once, answered as the tool returned."""
+    model = app.Scripted(model="scripted")
+    worker = Agent(role="worker", goal="Do the work.", backstory="You work.", llm=model)
+    tasks = [Task(description=f"Step {n} of the work: {{input}}", agent=worker, tools=[app.work],
+                  expected_output=f"step {n} done") for n in (1, 2)]
+    h = tt.Harness(f"sqlite:///{tmp_path / 't.db'}", settings=app.SETTINGS)
+    h.add_agent("crew", CrewAIAgent(Crew(agents=[worker], tasks=tasks),
+                                    tools={"work": tt.ToolPolicy(idempotent=True)}))
+    async with h:
+        task = await h.submit("crew", "the list")
+        await h.run_until_idle(timeout=60)
+        info = await h.get(task)
+        calls = [r for r in await h.history(task) if "tool_call" in r]
+    assert info.record.status is tt.Status.COMPLETED, info.record.reason
+    assert info.snapshot.result == "step 2 done"
+    assert asked() == Counter({1: 2, 2: 2}), asked()
+    assert [r["tool_call"]["name"] for r in calls] == ["crew.work", "crew.work"], calls
+    assert len({r["tool_call"]["key"] for r in calls}) == 2, calls

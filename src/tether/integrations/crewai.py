@@ -195,15 +195,17 @@ class CrewAIAgent(ModelAgent):
         return ToolCall(f"{self.name}.{asked.name}", {"call_id": call_id, "args": asked.args})
 
     def _calls(self, asked: ModelAsk, answer: Any) -> list[Action]:
-        """The tool calls of a native answer that the asking agent has, as tether calls (a
-        call of a tool it lacks is CrewAI's to answer, and it never reaches a tool)."""
+        """The tool calls of a native answer, of tools the request offered the model (its
+        agent's and its task's), as tether calls; a call of any other tool is CrewAI's to
+        answer, and never reaches a tool."""
         if not isinstance(answer, list):
             return []
-        own = {sanitize_tool_name(t.name) for t in getattr(asked.agent, "tools", None) or ()}
+        offered = {str(t.get("function", {}).get("name")) for t in asked.tools or ()
+                   if isinstance(t, Mapping)}
         actions: list[Action] = []
         for call in answer:
             called = str(call["function"]["name"])
-            if called in own and called in self.names:
+            if called in offered and called in self.names:
                 actions.append(ToolCall(f"{self.name}.{self.names[called]}", {
                     "call_id": call["id"], "args": arguments(call)}))
         return actions
