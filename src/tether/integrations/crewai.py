@@ -134,7 +134,7 @@ class CrewAIAgent(ModelAgent):
     async def plan(self, task: TaskView) -> Action | list[Action]:
         opening = _text(task.input)
         talk = self.kept(task, lambda: Conversation(f"{self.name}.", opening), opening)
-        if talk.live is not None and talk.live.models_answered != len(talk.answers):
+        if talk.live is not None and talk.live.models_answered > len(talk.answers):
             self.forget(talk)  # it was given an answer the dialog does not hold
         if talk.live is None:
             talk.live = LiveCrew(self.copies, _inputs(task.input))
