@@ -110,9 +110,28 @@ def test_r22_a_hook_that_could_block_a_call_is_refused_by_name() -> None:
     CrewAIAgent(_crew())  # without it, the crew is taken
 
 
-def test_r22_only_a_crew_is_taken() -> None:
-    with pytest.raises(tt.ConfigurationError, match="takes a CrewAI Crew, not Agent"):
-        CrewAIAgent(_agent())  # type: ignore[arg-type]
+def test_r22_only_a_crew_or_an_agent_is_taken() -> None:
+    with pytest.raises(tt.ConfigurationError, match="takes a CrewAI Crew or Agent, not Task"):
+        CrewAIAgent(Task(description="d", expected_output="e"))  # type: ignore[arg-type]
+
+
+def test_r22_a_single_agent_is_checked_as_its_crew_would_be() -> None:
+    with pytest.raises(tt.ConfigurationError, match="delegation of agent 'worker'"):
+        CrewAIAgent(_agent(allow_delegation=True))
+
+
+async def test_r17_a_single_agent_is_a_crew_of_one_task(tmp_path: Path) -> None:
+    """R17: a single CrewAI agent runs as a crew of one task whose description is the task's
+    input: its tool call a tether call, its answer the task's result."""
+    h = tt.Harness(f"sqlite:///{tmp_path / 't.db'}", settings=app.SETTINGS)
+    h.add_agent("alone", CrewAIAgent(_agent(), tools={"work": tt.ToolPolicy(idempotent=True)}))
+    async with h:
+        task = await h.submit("alone", "Step 1 of the work: the list")
+        await h.run_until_idle(timeout=60)
+        info = await h.get(task)
+    assert info.record.status is tt.Status.COMPLETED, info.record.reason
+    assert info.snapshot.result == "step 1 done"
+    assert asked() == Counter({1: 2}) and [w for w, *_ in app.runs()].count("work") == 1
 
 
 def test_r22_a_policy_for_a_tool_the_crew_lacks_is_refused() -> None:

@@ -44,7 +44,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
-from crewai import Crew
+from crewai import Agent, Crew, Task
 from crewai.events import crewai_event_bus
 from crewai.events.types.llm_events import LLMStreamChunkEvent
 from crewai.hooks import get_before_tool_call_hooks
@@ -82,18 +82,20 @@ def _heard(source: Any, event: LLMStreamChunkEvent) -> None:
 
 
 class CrewAIAgent(ModelAgent):
-    """A CrewAI ``Crew`` as a tether agent (see the module docstring). The task's input is the
-    kickoff's ``inputs``: a mapping as it is, anything else as ``{"input": text}`` (so task
+    """A CrewAI ``Crew`` as a tether agent (see the module docstring); a single ``Agent`` is
+    a crew of one task, the task's input its description. The task's input is the kickoff's
+    ``inputs``: a mapping as it is, anything else as ``{"input": text}`` (so task
     descriptions name it ``{input}``). *tools* gives the crew's tools their policies by name
     (a tool without one is an ordinary call: retried on error, never assumed to have a side
     effect)."""
 
     input_required = True
 
-    def __init__(self, crew: Crew, *, tools: Mapping[str, ToolPolicy] | None = None,
+    def __init__(self, crew: Crew | Agent, *, tools: Mapping[str, ToolPolicy] | None = None,
                  stream: bool | None = None, retry: RetryPolicy | None = None,
                  version: str = "1") -> None:
         super().__init__(retry=retry, stream=stream, version=version)
+        crew = _alone(crew) if isinstance(crew, Agent) else crew
         self.crew = crew
         self.tools = _crew_tools(crew)
         self.policies = self.checked_policies(tools, self.tools, "the crew")
@@ -350,8 +352,8 @@ REFUSED_TASK = {"async_execution": "asynchronous execution", "human_input": "hum
 def _crew_tools(crew: Crew) -> dict[str, BaseTool]:
     """The crew's tools by name; what tether cannot make durable is refused by name."""
     if not isinstance(crew, Crew):
-        raise ConfigurationError(f"CrewAIAgent takes a CrewAI Crew, not {type(crew).__name__}"
-                                 " (a single agent goes in a crew of one task)")
+        raise ConfigurationError(f"CrewAIAgent takes a CrewAI Crew or Agent, not"
+                                 f" {type(crew).__name__}")
     refusals = [f"the crew's {what}" for name, what in REFUSED_CREW.items()
                 if getattr(crew, name, None)]
     if str(getattr(crew.process, "value", crew.process)) != "sequential":
@@ -372,6 +374,16 @@ def _crew_tools(crew: Crew) -> dict[str, BaseTool]:
         raise ConfigurationError("the crew uses what tether cannot make durable yet: "
                                  + "; ".join(dict.fromkeys(refusals)))
     return tools
+
+
+ALONE = "The answer to the request above."
+"""What a single agent's one task expects (CrewAI asks every task for it)."""
+
+
+def _alone(agent: Agent) -> Crew:
+    """A single agent as CrewAI runs one: a crew of one task whose description is the input."""
+    return Crew(agents=[agent], tasks=[Task(description="{input}", expected_output=ALONE,
+                                            agent=agent)])
 
 
 def _add_tools(tools: dict[str, BaseTool], found: Iterable[BaseTool]) -> list[str]:
