@@ -29,7 +29,7 @@ from workload import ARG, RESULT
 
 import tether as tt
 from tether.model import new_id
-from tether.store import Checkpoint, Claim, SQLiteStore
+from tether.store import Checkpoint, Claim, SQLiteStore, StoredEvent
 
 LEASE = 1.0
 """Seconds; short, so that the recovering process does not wait long for a dead lease."""
@@ -112,18 +112,19 @@ async def recover(folder: Path, tasks: int) -> dict[str, Any]:
 
 
 class PauseWatchingStore(SQLiteStore):
-    """The SQLite store, noting when a commit that leaves a task paused has returned."""
+    """The SQLite store, noting when a commit that leaves a task paused has returned (the
+    runner commits with ``commit_reading``)."""
 
     paused: dict[str, float]
     waiters: dict[str, asyncio.Event]
 
-    async def commit(self, claim: Claim, checkpoint: Checkpoint, keep: int,
-                     lease_until: float) -> int:
-        version = await super().commit(claim, checkpoint, keep, lease_until)
+    async def commit_reading(self, claim: Claim, checkpoint: Checkpoint, keep: int,
+                             lease_until: float) -> tuple[int, list[StoredEvent] | None]:
+        written = await super().commit_reading(claim, checkpoint, keep, lease_until)
         if checkpoint.status is tt.Status.PAUSED:
             self.paused[claim.task_id] = time.perf_counter()
             self.waiters[claim.task_id].set()
-        return version
+        return written
 
 
 async def preempt(folder: Path, trials: int) -> dict[str, Any]:

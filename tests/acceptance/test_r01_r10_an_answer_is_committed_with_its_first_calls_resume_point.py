@@ -3,12 +3,13 @@ start at once is written in one commit with that call's resume point, so a tool 
 model agent costs one commit, not two, and the answer is still in the store before anything
 of it runs.
 
-Each test counts the commits the store is asked for (``Store.commit``, wrapped), and what
-each said: whether it was a resume point (written only if nothing arrived unread) and
-whether the store refused it. A call that may wait for a limit's slot first gets its
-answer committed on its own (a kill while it waits must not cost the completion), and a
-resume point refused because a message arrived still leaves the answer committed, with the
-message, before the agent is asked again.
+Each test counts the commits the runner asks the store for (``Store.commit_reading``, a
+commit that also reads the inbox back, wrapped), and what each said: whether it was a
+resume point (written only if nothing arrived unread) and whether the store refused it. A
+call that may wait for a limit's slot first gets its answer committed on its own (a kill
+while it waits must not cost the completion), and a resume point refused because a message
+arrived still leaves the answer committed, with the message, before the agent is asked
+again.
 """
 
 from __future__ import annotations
@@ -32,19 +33,19 @@ class Commits:
 
     def __init__(self, h: tt.Harness, monkeypatch: pytest.MonkeyPatch) -> None:
         self.said: list[str] = []
-        real = h.store.commit
+        real = h.store.commit_reading
 
-        async def commit(claim: Any, checkpoint: Any, *rest: Any) -> int:
+        async def commit_reading(claim: Any, checkpoint: Any, *rest: Any) -> Any:
             kind = "plain" if checkpoint.inbox_seen is None else "resume"
             try:
-                version = int(await real(claim, checkpoint, *rest))
+                written = await real(claim, checkpoint, *rest)
             except InboxMoved:
                 self.said.append("refused")
                 raise
             self.said.append(kind)
-            return version
+            return written
 
-        monkeypatch.setattr(h.store, "commit", commit)
+        monkeypatch.setattr(h.store, "commit_reading", commit_reading)
 
 
 def build(db: Path, plans: list[str], refunds: list[tuple[str, list[str]]],

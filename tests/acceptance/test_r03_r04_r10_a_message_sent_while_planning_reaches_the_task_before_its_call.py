@@ -64,16 +64,16 @@ async def test_r04_r10_a_stop_sent_while_the_agent_planned_is_read_before_the_re
     async with build(tmp_path / "t.db", refunds) as h:
         task_id = await h.submit("support", "interrupted")
         refused: list[InboxMoved] = []
-        real = h.store.commit
+        real = h.store.commit_reading
 
-        async def commit(*args: Any) -> int:
+        async def commit_reading(*args: Any) -> Any:  # what the runner commits with
             try:
                 return await real(*args)
             except InboxMoved as moved:
                 refused.append(moved)
                 raise
 
-        monkeypatch.setattr(h.store, "commit", commit)
+        monkeypatch.setattr(h.store, "commit_reading", commit_reading)
         await run_alone(h, task_id)
         assert len(refused) == 1  # the resume point's condition caught the message
         info = await h.get(task_id)

@@ -103,7 +103,6 @@ INSERT_HISTORY = "INSERT INTO history (task_id, epoch, seq, entry) VALUES (?, ?,
 # ------------------------------------------------------------------ events
 
 _SELECT_EVENTS = f"SELECT {_EVENT_COLUMNS} FROM events"
-PENDING_EVENT_IDS = "SELECT id FROM events WHERE task_id = ? AND status = 'pending'"
 PENDING_EVENTS = f"{_SELECT_EVENTS} WHERE task_id = ? AND status = 'pending' ORDER BY priority, id"
 LIST_EVENTS = f"{_SELECT_EVENTS} WHERE task_id = ? ORDER BY id"
 COUNT_PENDING = "SELECT COUNT(*) AS pending FROM events WHERE status = 'pending'"

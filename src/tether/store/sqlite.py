@@ -302,26 +302,38 @@ class SQLiteStore(SQLBackend):
     # ------------------------------------------------------------------ checkpoints
 
     async def commit(self, claim: Claim, checkpoint: Checkpoint, keep: int, lease_until: float) -> int:
-        self.file.refuse_if_replaced()
-        self.damage.refuse_writes()
-        return await self._group.write(
-            lambda db: self._checkpoint(db, claim, checkpoint, keep, lease_until))
+        version, _ = await self._commit(claim, checkpoint, keep, lease_until, reading=False)
+        return version
 
     async def commit_reading(self, claim: Claim, checkpoint: Checkpoint, keep: int,
                              lease_until: float) -> tuple[int, list[StoredEvent] | None]:
-        """A read of the file costs no round trip: only the commit (the caller reads)."""
-        return await self.commit(claim, checkpoint, keep, lease_until), None
+        """The inbox is read inside the commit's transaction, under the file's write lock, so
+        what it gives is the inbox as it stands once the commit is written; the read a
+        checkpoint with ``inbox_seen`` makes to check it is that same read. None where the
+        commit settles the inbox itself (a parked or finished task): the caller reads."""
+        return await self._commit(claim, checkpoint, keep, lease_until, reading=True)
+
+    async def _commit(self, claim: Claim, checkpoint: Checkpoint, keep: int, lease_until: float,
+                      reading: bool) -> tuple[int, list[StoredEvent] | None]:
+        self.file.refuse_if_replaced()
+        self.damage.refuse_writes()
+        return await self._group.write(
+            lambda db: self._checkpoint(db, claim, checkpoint, keep, lease_until, reading))
 
     def _checkpoint(self, db: sqlite3.Connection, claim: Claim, checkpoint: Checkpoint, keep: int,
-                    lease_until: float) -> int:
-        """Write one checkpoint, inside the group commit's transaction."""
+                    lease_until: float, reading: bool) -> tuple[int, list[StoredEvent] | None]:
+        """Write one checkpoint, inside the group commit's transaction; with *reading*, the
+        task's pending events once it is written."""
         self.file.check()  # under the lock: a step is acknowledged only once in the file opened
         now = time.time()
         task_id = claim.task_id
         task = self._check_fence(db, claim, _FENCE_AND_NEWEST)
-        if checkpoint.inbox_seen is not None and steps.unseen_events(
-                [row[0] for row in db.execute(q.PENDING_EVENT_IDS, (task_id,))], checkpoint):
-            raise steps.inbox_moved(task_id)  # the file's write lock: no event lands meanwhile
+        pending = None
+        if reading or checkpoint.inbox_seen is not None:  # no event lands under the lock
+            pending = [rows.stored_event(row) for row in db.execute(q.PENDING_EVENTS, (task_id,))]
+            if steps.unseen_events([e.event.id for e in pending if e.event.id is not None],
+                                   checkpoint):
+                raise steps.inbox_moved(task_id)
         version = steps.version_after(int(task["head_version"]), task)
         _put_head(db, task_id, version, task["oldest"], keep, checkpoint.head, now)
         failpoint("mid_checkpoint")
@@ -332,7 +344,11 @@ class SQLiteStore(SQLBackend):
                                  (now, lease_until)))
         if steps.stranded_wake(checkpoint.status, checkpoint.wake_at, now) is not None:
             self._run(db, steps.settle_inbox(task_id, checkpoint.status, now, checkpoint.wake_at))
-        return version
+            return version, None
+        if not reading or pending is None:
+            return version, None
+        consumed = {event_id for event_id, _ in checkpoint.events_done}
+        return version, [e for e in pending if e.event.id not in consumed]
 
     async def load_blobs(self, digests: Collection[str]) -> dict[str, bytes]:
         return rows.blobs(self._db.execute(_BLOBS, (orjson.dumps(list(digests)).decode(),)))
