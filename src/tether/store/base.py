@@ -268,8 +268,9 @@ class WorkerStore(SnapshotReads, Protocol):
                              lease_until: float) -> tuple[int, list[StoredEvent] | None]:
         """:meth:`commit`, then the task's pending events as they stand once it is written
         (what :meth:`pending_events` returns then): a step's write and the next step's read
-        of the inbox in one round trip, where a read costs one (PostgreSQL). None: this
-        backend reads as cheaply on its own (SQLite), so the caller reads when it needs to."""
+        of the inbox in one round trip (PostgreSQL) or one transaction (SQLite, where the
+        read that checks ``inbox_seen`` is the same read). None where the backend leaves the
+        read to the caller (SQLite, when the commit parked or finished the task)."""
 
     async def next_epoch(self, task_id: str) -> int:
         """A history branch number not used yet by this task."""
