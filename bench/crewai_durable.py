@@ -38,8 +38,7 @@ from typing import Any
 from agent_runs import AgentBench, Go, Killed, Probe, Timed, run_each, tether_sessions
 from workload import ARG
 
-for _name, _value in (("CREWAI_DISABLE_TELEMETRY", "true"), ("CREWAI_TRACING_ENABLED", "false"),
-                      ("OTEL_SDK_DISABLED", "true")):
+for _name, _value in (("CREWAI_DISABLE_TELEMETRY", "true"), ("CREWAI_TRACING_ENABLED", "false")):
     os.environ.setdefault(_name, _value)  # nothing leaves the machine
 
 SYSTEMS = ("plain", "tether")

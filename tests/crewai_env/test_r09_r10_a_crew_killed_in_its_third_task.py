@@ -38,8 +38,7 @@ def killed_in(tmp_path: Path, step: int, native: bool) -> str:
     """Start the child, wait until crew task *step* is inside its tool call, SIGKILL it."""
     env = {**os.environ, "CREW_LEDGER": str(tmp_path / "ledger.db"), "CREW_BLOCK": str(step),
            "CREW_CHILD": "1", "CREW_TEXT": "0" if native else "1", "PYTHONUNBUFFERED": "1",
-           "CREWAI_DISABLE_TELEMETRY": "true", "CREWAI_TRACING_ENABLED": "false",
-           "OTEL_SDK_DISABLED": "true"}
+           "CREWAI_DISABLE_TELEMETRY": "true", "CREWAI_TRACING_ENABLED": "false"}
     child = ChildProcess([sys.executable, str(HERE / "_crew_app.py"), str(tmp_path / "t.db")],
                          env, tmp_path, "crew", 60.0)
     task = child.expect("TASK ").split()[1]
