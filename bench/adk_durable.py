@@ -33,7 +33,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from agent_runs import AgentBench, Go, Killed, Probe, Timed, run_each, tether_sessions
+from agent_runs import AgentBench, Go, Killed, Probe, Timed, run_each, tether_sessions, timed_as
 from workload import ARG
 
 SYSTEMS = ("plain", "tether")
@@ -135,12 +135,7 @@ def markdown(runs: Timed, found: Killed, sizes: Sequence[int], rounds: int, seco
         "### Google ADK agents: tether against plain ADK", "",
         "One ADK `LlmAgent` (a deterministic `BaseLlm` asking for one idempotent, trivial tool"
         " N times, then answering), run plain with ADK's `InMemoryRunner` and under tether's"
-        " `ADKAgent` (SQLite store, default settings). Whole run after a warm-up run, divided"
-        " by N; overhead is that minus the plain run of the same round. Median of"
-        f" {rounds} interleaved round{'s' if rounds != 1 else ''} (with more than one, their"
-        " range in brackets); each system's round its own process, running each N in turn"
-        " (N under 100 several times, about 100 tool calls in all, their median kept);"
-        " tether's runs share one store per process, as a service keeps one,"
+        f" `ADKAgent` (SQLite store, default settings). {timed_as(rounds)},"
         " the agent built once per process (`bench/adk_durable.py`).", "",
         *BENCH.tables(runs, found, sizes, "Issue 27's target, for ADK", PACKAGES, seconds),
     ])

@@ -130,6 +130,17 @@ async def run_each(probe: Probe, sizes: Sequence[int], mode: str, session: Sessi
     return found
 
 
+def timed_as(rounds: int) -> str:
+    """How every agent benchmark's runs were timed, as its tables' caption says it (each
+    caption goes on with what its own systems share)."""
+    return ("Whole run after a warm-up run, divided by N; overhead is that minus the plain run"
+            f" of the same round. Median of {rounds} interleaved round{'s' if rounds != 1 else ''}"
+            " (with more than one, their range in brackets); each system's round its own"
+            " process, running each N in turn (N under 100 several times, about 100 tool calls"
+            " in all, their median kept); tether's runs share one store per process, as a"
+            " service keeps one")
+
+
 def repeats(steps: int) -> int:
     """How often a timed run of *steps* tool calls is made: about :data:`REPEATED_CALLS`
     tool calls in all, at least once."""

@@ -35,7 +35,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from agent_runs import AgentBench, Go, Killed, Probe, Timed, run_each, tether_sessions
+from agent_runs import AgentBench, Go, Killed, Probe, Timed, run_each, tether_sessions, timed_as
 from workload import ARG
 
 for _name, _value in (("CREWAI_DISABLE_TELEMETRY", "true"), ("CREWAI_TRACING_ENABLED", "false")):
@@ -141,13 +141,8 @@ def markdown(runs: Timed, found: Killed, sizes: Sequence[int], rounds: int, seco
         "### CrewAI crews: tether against plain CrewAI", "",
         "One CrewAI crew of one agent and one task (a deterministic `BaseLLM` asking for one"
         " idempotent, trivial tool N times, then answering), run plain with `Crew.kickoff`"
-        " and under tether's `CrewAIAgent` (SQLite store, default settings). Whole run after"
-        " a warm-up run, divided by N; overhead is that minus the plain run of the same"
-        f" round. Median of {rounds} interleaved round{'s' if rounds != 1 else ''} (with"
-        " more than one, their range in brackets); each system's round its own process,"
-        " running each N in turn (N under 100 several times, about 100 tool calls in all,"
-        " their median kept); tether's runs share one store per process, as a service keeps"
-        " one, the crew built once per process (`bench/crewai_durable.py`).", "",
+        f" and under tether's `CrewAIAgent` (SQLite store, default settings). {timed_as(rounds)},"
+        " the crew built once per process (`bench/crewai_durable.py`).", "",
         *BENCH.tables(runs, found, sizes, "Issue 27's target, for CrewAI", PACKAGES, seconds),
     ])
 

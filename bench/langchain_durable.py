@@ -35,7 +35,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from agent_runs import AgentBench, Go, Killed, Probe, Timed, run_each, tether_sessions
+from agent_runs import AgentBench, Go, Killed, Probe, Timed, run_each, tether_sessions, timed_as
 from workload import ARG
 
 SYSTEMS = ("plain", "tether", "langgraph", "tethersaver")
@@ -195,12 +195,8 @@ def markdown(runs: Timed, found: Killed, sizes: Sequence[int], rounds: int, seco
         " idempotent, trivial tool N times, then answering), run plain, under tether's"
         " `LangChainAgent` (SQLite store, default settings) and compiled with LangGraph's"
         " `AsyncSqliteSaver` (`durability=\"sync\"`), and compiled with tether's `TetherSaver`"
-        " (LangGraph's run, tether's SQLite store). Whole run after a warm-up run, divided by"
-        " N; overhead is that minus the plain run of the same round. Median of"
-        f" {rounds} interleaved round{'s' if rounds != 1 else ''} (with more than one, their"
-        " range in brackets); each system's round its own process, running each N in turn"
-        " (N under 100 several times, about 100 tool calls in all, their median kept);"
-        " tether's runs share one store per process, as a service keeps one, the savers a fresh one per run;"
+        f" (LangGraph's run, tether's SQLite store). {timed_as(rounds)}, the savers a fresh one"
+        " per run;"
         " plain and tether build the agent once per process (a checkpointer is"
         " compiled into its graph, so the savers' runs build theirs per store)"
         " (`bench/langchain_durable.py`).", "",

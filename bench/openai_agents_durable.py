@@ -60,7 +60,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from agent_runs import AgentBench, Go, Killed, Probe, Session, Timed, run_each, tether_sessions
+from agent_runs import AgentBench, Go, Killed, Probe, Session, Timed, run_each, tether_sessions, timed_as
 from workload import ARG
 
 HAS_DBOS = (importlib.util.find_spec("dbos") is not None
@@ -432,12 +432,7 @@ def markdown(runs: Timed, found: Killed, sizes: Sequence[int], rounds: int, seco
         "One Agents SDK agent (a deterministic `Model` asking for one idempotent, trivial"
         " `@function_tool` N times, then answering; tracing off), run by `Runner.run`, under"
         f" tether's `OpenAIAgentsAgent` (SQLite store, default settings, `stream=False`){dbos}."
-        " Whole run after a warm-up run, divided by N; overhead is that minus the plain run of"
-        f" the same round. Median of {rounds} interleaved round{'s' if rounds != 1 else ''}"
-        " (with more than one, their range in brackets); each system's round its own process,"
-        " running each N in turn"
-        " (N under 100 several times, about 100 tool calls in all, their median kept);"
-        " tether's runs share one store per process, as a service keeps one and DBOS one system database,"
+        f" {timed_as(rounds)} and DBOS one system database,"
         " the agent built once per process"
         " (`bench/openai_agents_durable.py`)."
         " Temporal's integration for the SDK is not measured: it needs a Temporal server.",

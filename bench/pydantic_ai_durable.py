@@ -57,7 +57,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from agent_runs import AgentBench, Go, Killed, Probe, Timed, run_each, tether_sessions
+from agent_runs import AgentBench, Go, Killed, Probe, Timed, run_each, tether_sessions, timed_as
 from workload import ARG
 
 SYSTEMS = ("plain", "tether", "dbos")
@@ -204,12 +204,8 @@ def markdown(runs: Timed, found: Killed, sizes: Sequence[int], rounds: int, seco
         "One PydanticAI agent (a deterministic `FunctionModel` asking for one idempotent, trivial"
         " tool N times, then answering), run plain, under tether's `PydanticAIAgent` (SQLite"
         " store, default settings) and with PydanticAI's `DBOSDurability` inside a DBOS workflow"
-        " (DBOS SQLite; the tool a `@DBOS.step`). Whole run after a warm-up run, divided by N;"
-        " overhead is that minus the plain run of the same round. Median of"
-        f" {rounds} interleaved round{'s' if rounds != 1 else ''} (with more than one, their"
-        " range in brackets); each system's round its own process, running each N in turn"
-        " (N under 100 several times, about 100 tool calls in all, their median kept);"
-        " tether's runs share one store per process, as a service keeps one and DBOS one system database,"
+        f" (DBOS SQLite; the tool a `@DBOS.step`). {timed_as(rounds)} and DBOS one system"
+        " database,"
         " the agent built once per process (`bench/pydantic_ai_durable.py`).", "",
         *BENCH.tables(runs, found, sizes, "Issue 27's target", PACKAGES, seconds),
     ])

@@ -201,6 +201,27 @@ async def test_r09_r14_a_fork_of_a_crew_replays_the_source_and_goes_on_alone(
     assert all(fork in key for step, key in worked if step >= 3), worked
 
 
+async def test_r14_a_task_deleted_and_submitted_again_under_its_id_starts_its_crew_anew(
+        tmp_path: Path) -> None:
+    """R14: a crew stopped after tasks 1 and 2 (a budget of 4 completions) is deleted and
+    submitted again under the same id, in the same harness, whose agent still keeps the first
+    task's run: the new task replays nothing of the old one. Its model is asked again for
+    tasks 1 and 2, and its tool runs again under keys that are not the old task's."""
+    async with app.harness(str(tmp_path / "t.db"), max_completions=4) as h:
+        task = await h.submit("crew", "the list")
+        await h.run_until_idle(timeout=60)
+        assert (await h.get(task)).record.status is tt.Status.NEEDS_HUMAN
+        first_keys = {key for what, _, key in app.runs() if what == "work"}
+        await h.delete(task)
+        assert await h.submit("crew", "the list", task_id=task) == task
+        await h.run_until_idle(timeout=60)
+        info = await h.get(task)
+    assert info.record.status is tt.Status.NEEDS_HUMAN, info.record.reason
+    assert asked() == Counter({1: 4, 2: 4}), asked()
+    again = [key for what, _, key in app.runs() if what == "work"][len(first_keys):]
+    assert len(first_keys) == 2 and len(again) == 2 and not first_keys & set(again), again
+
+
 async def test_r17_a_crew_changed_under_a_running_task_is_not_guessed_at(
         tmp_path: Path) -> None:
     """R17, R22: the crew's code changed while a task was half-way (its agent renamed): the

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
-import signal
 import sys
 from collections import Counter
 from pathlib import Path
@@ -43,8 +42,7 @@ def killed_in(tmp_path: Path, step: int, native: bool) -> str:
                          env, tmp_path, "crew", 60.0)
     task = child.expect("TASK ").split()[1]
     child.expect(f"IN work {step}")
-    child.signal(signal.SIGKILL)
-    child.proc.wait(timeout=10)
+    child.kill()
     return task
 
 

@@ -272,7 +272,8 @@ class Conversation:
         self.calls: dict[str, str] = {}
         """Each tether call key of a crew tool: the model's call id."""
         self.made: set[str] = set()
-        """Call ids tether made (or set aside)."""
+        """Call ids tether made (or set aside): the values of :attr:`calls`, kept as a set
+        since every tool call of the crew looks one up."""
         self.results: dict[str, str] = {}
         """Each call id's answer, as the crew's tool returns it."""
         self.said: list[tuple[int, dict[str, Any]]] = []
