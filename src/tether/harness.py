@@ -608,6 +608,12 @@ class Harness:
         await ensure_task(self.store, check_task_id(task_id))
         return await self._control(Event("cancel", task_id, {"by": _who(by)}))
 
+    def slot_freed(self, task_id: str) -> None:
+        """A limit's slot was let go for *task_id*: its runner, if it is here, asks again."""
+        runner = self.runners.get(task_id)
+        if runner is not None:
+            runner.admission.slot_freed()
+
     def captured_head(self, event_id: int, version: int) -> bytes | None:
         """The head a rollback lever of this process read when it was asked, if still held."""
         captured = self._captured.pop(event_id, None)

@@ -64,6 +64,12 @@ class Settings:
     next step's resume point: one fsync per step instead of two. A crash in between re-runs
     that call (same key), wasting at most this much tool time. 0 commits every result at once.
     Side-effecting calls always commit their result at once."""
+    slot_wait: float = 1.0
+    """Seconds a task held back by a concurrency limit (its limit full, or others waiting
+    ahead) waits for a slot in the memory of the worker running it, still leased, before it
+    is parked in the store: a slot let go then reaches it at once (in the same worker, or by
+    the store's notice) instead of through park, wake, claim and load. It holds one of the
+    worker's places meanwhile. 0 parks at once."""
     sqlite_synchronous: str = "FULL"
     """FULL survives power loss; NORMAL survives a process crash only, and is faster."""
     blob_threshold: int = 64 * 1024
@@ -100,9 +106,10 @@ class Settings:
                      "cache_ttl", "housekeeping_interval"):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"setting {name} must be positive")
-        if min(self.coalesce_window, self.recovery_backoff, self.defer_results_under) < 0:
-            raise ConfigurationError(
-                "coalesce_window, recovery_backoff and defer_results_under cannot be negative")
+        if min(self.coalesce_window, self.recovery_backoff, self.defer_results_under,
+               self.slot_wait) < 0:
+            raise ConfigurationError("coalesce_window, recovery_backoff, defer_results_under and"
+                                     " slot_wait cannot be negative")
         if any(keep is not None and keep < 0 for keep in self.retention().values()):
             raise ConfigurationError("retain_completed, retain_failed and retain_cancelled"
                                      " cannot be negative (None keeps tasks for ever)")

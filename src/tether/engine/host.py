@@ -59,5 +59,9 @@ class RunnerHost(Protocol):
     @property
     def inbox(self) -> Inbox: ...
 
+    def slot_freed(self, task_id: str) -> None:
+        """A limit's slot was let go for *task_id*: if this process runs it and it waits in
+        memory for one, it asks again at once."""
+
     def captured_head(self, event_id: int, version: int) -> bytes | None:
         """The head a rollback lever of this process read when it was asked, if still held."""

@@ -105,7 +105,7 @@ class Runner:
         self.fired: set[str] = set()
         self._stopping = False
         self.preemptible = Preemptible()
-        self.admission = Admission(self.store, host.limits)
+        self.admission = Admission(self.store, host.limits, host.slot_freed)
         self.urgency = int(Priority.P2)
         """The most urgent event applied while this runner held the task: a call it then
         makes goes before less urgent ones held back by the same limit."""
@@ -184,6 +184,9 @@ class Runner:
                 if self.admission.held_back is not None or not await self.admission.hold_task(
                         self.snap, self.claim.fence, root.task_limits if root else (),
                         self.urgency):
+                    await self.flush()  # what it planned is kept while it waits
+                    if await self.admission.wait_here(self.wake, self.settings.slot_wait):
+                        continue
                     return await self.park(*self.admission.parked())
                 due = self._retry_due()
                 if due is not None and due - time.time() >= self.settings.lease_seconds:

@@ -49,7 +49,7 @@ from tether.errors import (
 )
 from tether.model import Status, TaskRecord
 from tether.store import Claim
-from tether.store.base import ScheduleRecord
+from tether.store.base import SLOT_NOTICE, ScheduleRecord
 from tether.store.retry import Outage
 from tether.tools import traceback_text
 
@@ -364,6 +364,7 @@ class Worker:
             except StoreError:  # the claim loop rides the outage out; look again later
                 await asyncio.sleep(interval)
                 continue
+            changed = self._slots_freed(changed)
             if changed is not None and not changed:
                 continue
             self.harness.work_arrived.set()
@@ -371,6 +372,16 @@ class Worker:
                 if changed is None or task_id in changed:
                     with contextlib.suppress(StoreError):
                         await self._pass_on_events(task_id)
+
+    def _slots_freed(self, changed: frozenset[str] | None) -> frozenset[str] | None:
+        """Hand the slots the store's notices say were let go to the tasks waiting here for
+        them; what is left is what other processes stored."""
+        if not changed:
+            return changed
+        slots = {name for name in changed if name.startswith(SLOT_NOTICE)}
+        for name in slots:
+            self.harness.slot_freed(name.removeprefix(SLOT_NOTICE))
+        return changed - slots
 
     def _running(self) -> list[str]:
         """The tasks this worker holds and is running now."""

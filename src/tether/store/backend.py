@@ -66,8 +66,8 @@ class SQLBackend(ABC):
     async def acquire_limit(self, request: LimitRequest, now: float) -> LimitAnswer:
         return await self._write(limit_steps.acquire(request, now))
 
-    async def release_limit(self, name: str, key: str, holder: str, now: float) -> None:
-        await self._write(limit_steps.release(name, key, holder, now))
+    async def release_limit(self, name: str, key: str, holder: str, now: float) -> str | None:
+        return await self._write(limit_steps.release(name, key, holder, now))
 
     async def block_limit(self, name: str, key: str, until: float, now: float) -> None:
         await self._write(limit_steps.block(name, key, until, now))

@@ -137,10 +137,20 @@ class LimitAnswer:
     granted: bool
     retry_at: float | None = None
     why: str = ""
+    slot: bool = False
+    """Held back by a concurrency limit (full, or others wait ahead): a slot let go may admit
+    it before *retry_at*, so a worker told of slots let go (:attr:`WorkerStore.hands_over_slots`)
+    may keep it waiting in memory a short while."""
 
     def parked(self) -> tuple[float, str]:
         """When the task held back looks again, and the reason people see meanwhile."""
         return (self.retry_at if self.retry_at is not None else 0.0), self.why
+
+
+SLOT_NOTICE = "slot/"
+"""How a store's notice that a limit's slot was let go for a task a worker holds begins,
+followed by the task's id (a ``/`` is never part of one): it ends that task's wait in memory,
+and wakes no claim loop (nothing new can be claimed)."""
 
 
 @dataclass(frozen=True)
@@ -211,6 +221,11 @@ class WorkerStore(SnapshotReads, Protocol):
     """The path that moves tasks: starting them, leasing them to workers, writing their steps
     and events, and what a worker reads while it runs one. Every write goes through here;
     writes under a lease are fence-checked, so a worker that lost its lease lands nothing."""
+
+    hands_over_slots: bool
+    """Whether a slot let go reaches a task that another worker keeps waiting in memory for
+    it (the store tells that worker: PostgreSQL's NOTIFY). Where it cannot (SQLite: a worker
+    of another process is not told), a task held back by a limit is parked at once."""
 
     async def count_history(self, task_id: str, segments: Sequence[Sequence[int]]) -> int:
         """How many rows :meth:`read_history` gives for *segments*, without reading them (a
@@ -293,8 +308,10 @@ class WorkerStore(SnapshotReads, Protocol):
         """Admit *request* under its limit, or hold its task back: the task is put in the
         limit's queue (by priority, then age) and told when to look again."""
 
-    async def release_limit(self, name: str, key: str, holder: str, now: float) -> None:
-        """Let *holder*'s slot go and wake the first task waiting for the limit."""
+    async def release_limit(self, name: str, key: str, holder: str, now: float) -> str | None:
+        """Let *holder*'s slot go and wake the first task waiting for the limit; returns that
+        task's id (None: nobody waits), so that a worker keeping it waiting in memory can
+        hand it the slot at once."""
 
     async def block_limit(self, name: str, key: str, until: float, now: float) -> None:
         """Admit nobody under the limit before *until* (a provider answered 429)."""
@@ -349,7 +366,8 @@ class WorkerStore(SnapshotReads, Protocol):
         """Return once another process may have stored a task or an event, or after *timeout*.
 
         Returns the ids of the tasks written when the backend knows them (PostgreSQL: the
-        NOTIFY payloads), None when it only knows that something changed (SQLite: the file's
+        NOTIFY payloads; a limit's slot let go for a task a worker holds is named
+        :data:`SLOT_NOTICE` and the id), None when it only knows that something changed (SQLite: the file's
         data version, looked at every *poll* seconds), and an empty set when nothing did.
         A worker holding running tasks asks with a short *poll*, so a P0 stored by another
         process preempts within milliseconds (R3, E1); an idle one with its poll interval.

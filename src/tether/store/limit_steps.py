@@ -15,7 +15,7 @@ import orjson
 
 from tether.errors import StoreError
 from tether.store import queries as q
-from tether.store.base import LimitAnswer, LimitRequest, LimitUsage
+from tether.store.base import SLOT_NOTICE, LimitAnswer, LimitRequest, LimitUsage
 from tether.store.steps import Notify, Steps, change, every, one
 
 BACKSTOP = 5.0
@@ -77,7 +77,7 @@ def held_back(request: LimitRequest, retry_at: float, reason: str, amount: float
     else:
         raise StoreError(f"limit {request.name!r}: the store held a call back for a reason"
                          f" this tether does not know ({reason!r}); upgrade tether")
-    return LimitAnswer(False, retry_at, why)
+    return LimitAnswer(False, retry_at, why, slot=reason in ("full", "ahead"))
 
 
 def _window_full(request: LimitRequest, now: float) -> Steps[LimitAnswer | None]:
@@ -119,19 +119,23 @@ def _hold_back(request: LimitRequest, now: float, retry_at: float, reason: str,
     return held_back(request, retry_at, reason, amount)
 
 
-def release(name: str, key: str, holder: str, now: float) -> Steps[None]:
-    """Let a slot go and wake the first task waiting for this limit."""
+def release(name: str, key: str, holder: str, now: float) -> Steps[str | None]:
+    """Let a slot go and wake the first task waiting for this limit; that task's id."""
     yield change(q.LIMIT_UNHOLD, name, key, holder)
     yield change(q.LIMIT_DROP_GONE_WAITERS, name, key, now)
     first = yield one(q.LIMIT_FIRST_WAITER, name, key)
-    if first is not None:
-        yield from _wake(str(first["task_id"]), now)
+    if first is None:
+        return None
+    yield from _wake(str(first["task_id"]), now)
+    return str(first["task_id"])
 
 
 def _wake(task_id: str, now: float) -> Steps[None]:
+    """A parked task is made due, and the workers are told of it; one a worker holds (waiting
+    in memory for a slot) is only told of, so that its worker lets it ask again at once."""
     woken = yield change(q.WAKE_PARKED, now, task_id)
-    if woken:
-        yield Notify(task_id)
+    yield Notify(task_id if woken else SLOT_NOTICE + task_id)
+
 
 
 def block(name: str, key: str, until: float, now: float) -> Steps[None]:

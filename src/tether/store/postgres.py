@@ -112,10 +112,10 @@ _FENCE_NOW = "SELECT fence FROM tasks WHERE task_id = %s"
 _BLOBS = "SELECT digest, data FROM blobs WHERE digest = ANY(%s::text[])"
 _CHANNEL = "tether_work"
 """NOTIFY channel: a task was created or an event stored (sent when the transaction commits)."""
-# A named limit's admission and release, each one call of migration 9's functions.
+# A named limit's admission and release, each one call of migration 9's and 10's functions.
 _ACQUIRE = ("SELECT * FROM tether_acquire_limit(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
             " %s, %s, %s)")
-_RELEASE_LIMIT = "SELECT tether_release_limit(%s, %s, %s, %s, %s) AS released"
+_RELEASE_LIMIT = "SELECT tether_release_limit(%s, %s, %s, %s, %s) AS first_waiter"
 POOL_WAIT = 5.0
 """Seconds a store call waits for a pool connection (and the pool keeps reconnecting before
 it gives up until asked again): an outage surfaces as StoreUnavailable within this."""
@@ -125,6 +125,7 @@ class PostgresStore(SQLBackend):
     """A :class:`tether.store.base.Store` on a PostgreSQL database."""
 
     SKIP_LOCKED = " FOR UPDATE SKIP LOCKED"
+    hands_over_slots = True  # a slot let go for a task a worker holds is NOTIFYed
 
     def __init__(self, url: str, min_size: int = 1, max_size: int = 10,
                  idle_tx_timeout: float = 30.0) -> None:
@@ -314,8 +315,9 @@ class PostgresStore(SQLBackend):
         return limit_steps.held_back(request, float(row["retry_at"]), str(row["reason"]),
                                      float(row["amount"] or 0))
 
-    async def release_limit(self, name: str, key: str, holder: str, now: float) -> None:
-        await self._one(_RELEASE_LIMIT, (name, key, holder, now, _CHANNEL))
+    async def release_limit(self, name: str, key: str, holder: str, now: float) -> str | None:
+        row = await self._one(_RELEASE_LIMIT, (name, key, holder, now, _CHANNEL))
+        return None if row["first_waiter"] is None else str(row["first_waiter"])
 
     async def _one(self, sql: str, params: tuple[Any, ...]) -> dict[str, Any]:
         """One statement of PostgreSQL's own on an autocommit connection (its own

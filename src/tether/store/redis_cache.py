@@ -197,6 +197,7 @@ class CachedStore:
         self.list_tasks = inner.list_tasks
         self.leased_tasks = inner.leased_tasks
         self.find_tasks = inner.find_tasks
+        self.hands_over_slots = inner.hands_over_slots
         self.acquire_limit = inner.acquire_limit
         self.release_limit = inner.release_limit
         self.graph_put = inner.graph_put  # LangGraph checkpoints are never cached

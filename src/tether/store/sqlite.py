@@ -134,6 +134,8 @@ _BLOBS = "SELECT digest, data FROM blobs WHERE digest IN (SELECT value FROM json
 class SQLiteStore(SQLBackend):
     """A :class:`tether.store.base.Store` on one SQLite database file (or ``:memory:``)."""
 
+    hands_over_slots = False  # another process's worker cannot be told of a slot let go
+
     def __init__(self, path: str, synchronous: str = "FULL", busy_timeout_ms: int = 10_000) -> None:
         self.path = path
         self.damage = Damage(path)

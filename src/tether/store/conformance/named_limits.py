@@ -37,11 +37,34 @@ class LimitConformance:
         assert "2 of 2 in use" in third.why
         again = await store.acquire_limit(ask("a", leases["a"].fence, "a:1", concurrency=2), now)
         assert again.granted  # the same holder asking again holds one slot, not two
-        await store.release_limit("provider", "", "a:1", now)
+        assert third.slot  # a slot let go may admit it: its worker may keep it waiting
+        assert await store.release_limit("provider", "", "a:1", now) == "c"  # first in line
         assert (await store.acquire_limit(
             ask("c", leases["c"].fence, "c:1", concurrency=2), now)).granted
         usage = await store.limit_usage(now)
         assert [(u.name, u.in_use, u.waiting) for u in usage] == [("provider", 2, 0)]
+        assert await store.release_limit("provider", "", "b:1", now) is None  # nobody waits
+
+    async def test_a_slot_let_go_names_a_task_held_in_memory_without_parking_it(
+            self, store: Store) -> None:
+        """Issue 30: the task first in line may still be leased (its worker keeps it waiting
+        in memory): letting a slot go names it, and leaves its row as it was (no wake time:
+        it is not parked, and no other worker may claim it)."""
+        now = time.time()
+        for name in ("holder", "waiter"):
+            await make_task(store, name)
+        holder = await claim(store, "holder", now)
+        waiter = await claim(store, "waiter", now)
+        assert (await store.acquire_limit(ask("holder", holder.fence, "h", concurrency=1),
+                                          now)).granted
+        assert not (await store.acquire_limit(ask("waiter", waiter.fence, "w", concurrency=1),
+                                              now)).granted
+        assert await store.release_limit("provider", "", "h", now + 1) == "waiter"
+        record = await store.get_task("waiter")
+        assert record.lease_owner is not None and record.wake_at is None
+        assert await store.claim("other", now + 1, LEASE) is None
+        assert (await store.acquire_limit(ask("waiter", waiter.fence, "w", concurrency=1),
+                                          now + 1)).granted
 
     async def test_a_hold_ends_when_its_task_is_taken_over(self, store: Store) -> None:
         """Issue 19, R13: a dead worker's slot is freed when another worker claims its task
