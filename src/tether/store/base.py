@@ -138,7 +138,8 @@ class LimitAnswer:
     retry_at: float | None = None
     why: str = ""
     slot: bool = False
-    """Held back by a concurrency limit (full, or others wait ahead): a slot let go may admit
+    """Held back by a concurrency limit (full, or others wait ahead for its slots; not a rate
+    or token window, nor a provider's 429): a slot let go may admit
     it before *retry_at*, so a worker told of slots let go (:attr:`WorkerStore.hands_over_slots`)
     may keep it waiting in memory a short while."""
 

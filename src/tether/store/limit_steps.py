@@ -77,7 +77,8 @@ def held_back(request: LimitRequest, retry_at: float, reason: str, amount: float
     else:
         raise StoreError(f"limit {request.name!r}: the store held a call back for a reason"
                          f" this tether does not know ({reason!r}); upgrade tether")
-    return LimitAnswer(False, retry_at, why, slot=reason in ("full", "ahead"))
+    slot = reason == "full" or (reason == "ahead" and request.concurrency is not None)
+    return LimitAnswer(False, retry_at, why, slot=slot)
 
 
 def _window_full(request: LimitRequest, now: float) -> Steps[LimitAnswer | None]:

@@ -94,6 +94,26 @@ class LimitConformance:
         assert answers[3].retry_at == now + 10.0
         assert (await store.acquire_limit(ask("r", lease.fence, "r:3", rate=(3, 10.0)),
                                           now + 10.5)).granted
+        assert not answers[3].slot  # a window, not a slot, holds it back: no wait in memory
+
+    async def test_only_a_concurrency_limit_s_line_is_waited_in_for_a_slot(
+            self, store: Store) -> None:
+        """Issue 30: behind a task waiting in a rate limit's line, a newcomer is held back
+        ('others wait ahead') with nothing a slot let go could change; in a concurrency
+        limit's line it is (a slot let go reaches the first in line at once)."""
+        now = time.time()
+        leases = {}
+        for name in ("first", "late"):
+            await make_task(store, name)
+            leases[name] = await claim(store, name, now)
+        rate = {"rate": (1, 10.0)}
+        assert (await store.acquire_limit(ask("first", leases["first"].fence, "f:0", **rate),
+                                          now)).granted
+        assert not (await store.acquire_limit(ask("first", leases["first"].fence, "f:1", **rate),
+                                              now + 1)).granted  # in the rate's line
+        late = await store.acquire_limit(ask("late", leases["late"].fence, "l:0", **rate),
+                                         now + 11)
+        assert not late.granted and late.why == "others wait ahead" and not late.slot
 
     async def test_a_token_budget_counts_what_admitted_calls_reported(
             self, store: Store) -> None:
