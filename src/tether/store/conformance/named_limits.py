@@ -106,12 +106,12 @@ class LimitConformance:
         for name in ("first", "late"):
             await make_task(store, name)
             leases[name] = await claim(store, name, now)
-        rate = {"rate": (1, 10.0)}
-        assert (await store.acquire_limit(ask("first", leases["first"].fence, "f:0", **rate),
+        one = (1, 10.0)
+        assert (await store.acquire_limit(ask("first", leases["first"].fence, "f:0", rate=one),
                                           now)).granted
-        assert not (await store.acquire_limit(ask("first", leases["first"].fence, "f:1", **rate),
-                                              now + 1)).granted  # in the rate's line
-        late = await store.acquire_limit(ask("late", leases["late"].fence, "l:0", **rate),
+        assert not (await store.acquire_limit(ask("first", leases["first"].fence, "f:1",
+                                                  rate=one), now + 1)).granted  # in line
+        late = await store.acquire_limit(ask("late", leases["late"].fence, "l:0", rate=one),
                                          now + 11)
         assert not late.granted and late.why == "others wait ahead" and not late.slot
 
