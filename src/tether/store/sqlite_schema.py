@@ -19,6 +19,15 @@ SCHEMA_VERSION = "6"  # 2: the blob table (R20); 3: snapshots and history as row
 # worker starting them, and each limit's size; 6: LangGraph checkpoints (TetherSaver)
 
 
+PAGE_SIZE = 2048
+"""Bytes per page of a store this tether creates. A step touches about ten pages (its dialog
+rows, its call record, its head, the task row and their indexes), and each is written whole
+to the log and synced: 2 KB pages wrote 25% fewer bytes a step than SQLite's 4 KB and took
+about 5% less time, and the file came out no larger (issue 30). 1 KB pages wrote fewer still
+but made the file 30% larger, and would split a typical model message over several overflow
+pages."""
+
+
 @functools.cache
 def _sql(name: str) -> str:
     """A shipped SQL file, read once per process: straight from the package's folder, since
@@ -52,6 +61,8 @@ def prepare(db: sqlite3.Connection, path: str, synchronous: str, busy_timeout_ms
         if found is not None:
             damage.note(damaged(path, found))
             return
+        if _is_new(db):  # only an empty file can take it; a store keeps the size it was made with
+            db.execute(f"PRAGMA page_size = {PAGE_SIZE}")
         if path != ":memory:":
             db.execute("PRAGMA journal_mode = WAL")
         create_or_upgrade(db, path)
@@ -113,6 +124,11 @@ def _add_missing_columns(db: sqlite3.Connection) -> None:
         have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
         if column not in have:
             db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+
+
+def _is_new(db: sqlite3.Connection) -> bool:
+    """Nothing in the file yet (a new file, or ``:memory:``)."""
+    return db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchone() is None
 
 
 def _is_current(db: sqlite3.Connection) -> bool:
