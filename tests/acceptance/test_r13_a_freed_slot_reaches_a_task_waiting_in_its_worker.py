@@ -4,8 +4,9 @@ it (``Settings.slot_wait``), still leased, and the slot let go
 reaches it at once: no park, no second claim, no second load. What it planned is committed
 before it waits; an event still reaches it while it waits; past ``slot_wait`` it is parked in
 the store, saying why, as before. On SQLite, which cannot tell another process's worker, it
-is parked at once. (Another worker's slot reaching it through PostgreSQL's notice:
-``tests/integration/test_postgres_slot_handover.py``.)"""
+is parked at once. A slot let go by another worker reaches it through the store's notice
+('slot/' and the task's id): two harnesses with a store each (its own pool and its own
+LISTEN connection), as two processes would have."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 from _support import fast_settings, wait_until
 
 import tether as tt
+from tether.store.base import SLOT_NOTICE
 
 
 def one_slot_app(h: tt.Harness, release: asyncio.Event, started: list[str]) -> None:
@@ -74,7 +76,7 @@ async def two_tasks(h: tt.Harness, started: list[str]) -> tuple[str, str, asynci
     async def one_runs_one_waits() -> bool:
         return len(started) == 1 and await in_line(h, 1)
 
-    await wait_until(one_runs_one_waits, what="a task in its call and one in the limit's line")
+    await wait_until(one_runs_one_waits, 30, what="a task in its call and one in the limit's line")
     (waiter,) = ids - {started[0]}
     return started[0], waiter, running
 
@@ -113,7 +115,7 @@ async def test_the_task_is_parked_in_the_store_saying_why(
         record = await h.store.get_task(second)
         return record.lease_owner is None and record.wake_at is not None
 
-    await wait_until(parked, what="the second task parked")
+    await wait_until(parked, 30, what="the second task parked")
     assert (await h.store.get_task(second)).reason == "held back by limit provider: 1 of 1 in use"
     release.set()
     await running
@@ -132,7 +134,7 @@ async def test_a_pause_reaches_a_task_waiting_in_memory_for_a_slot(pg: str) -> N
     async def paused() -> bool:
         return (await h.store.get_task(second)).status is tt.Status.PAUSED
 
-    await wait_until(paused, what="the waiting task paused")  # long before slot_wait
+    await wait_until(paused, 30, what="the waiting task paused")  # long before slot_wait
     assert started == [first]  # its call never started
     release.set()
     await running
@@ -156,3 +158,42 @@ async def test_a_model_answer_is_committed_before_its_call_waits_for_a_slot(pg: 
     release.set()
     await running
     await h.close()
+
+
+async def test_a_slot_let_go_in_one_worker_reaches_a_task_waiting_in_another(
+        pg: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    slot_wait = 120.0  # far longer than the test may take: a wait not handed the slot fails it
+    release, started = asyncio.Event(), []
+    first_worker = tt.Harness(pg, settings=fast_settings(slot_wait=slot_wait))
+    second_worker = tt.Harness(pg, settings=fast_settings(slot_wait=slot_wait))
+    for h in (first_worker, second_worker):
+        one_slot_app(h, release, started)
+    claims = count_claims(second_worker, monkeypatch)
+    notices: list[str] = []
+    wait_for_change = second_worker.store.wait_for_change
+
+    async def noted(*args: Any, **kwargs: Any) -> frozenset[str] | None:
+        changed = await wait_for_change(*args, **kwargs)
+        notices.extend(changed or ())
+        return changed
+
+    monkeypatch.setattr(second_worker.store, "wait_for_change", noted)
+    first = await first_worker.submit("holder")
+    stop = asyncio.Event()
+    serving = asyncio.create_task(first_worker.serve(concurrency=1, stop=stop))
+    await wait_until(lambda: started == [first], 30, "the first task in its call")
+    second = await second_worker.submit("holder")
+    waiting = asyncio.create_task(second_worker.run_until_idle(concurrency=1, timeout=60))
+    await wait_until(lambda: in_line(second_worker, 1), 30, "the second task in line")
+    record = await second_worker.store.get_task(second)
+    assert record.lease_owner is not None and record.wake_at is None  # in memory, not parked
+    release.set()
+    await asyncio.wait_for(waiting, 60)  # not slot_wait: the notice handed the slot over
+    assert started == [first, second]
+    assert claims == {second: 1}
+    assert SLOT_NOTICE + second in notices
+    assert (await second_worker.get(second)).snapshot.result == "done"
+    stop.set()
+    await serving
+    await first_worker.close()
+    await second_worker.close()

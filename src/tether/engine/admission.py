@@ -53,7 +53,7 @@ class Admission:
     """One runner's door to the shared limits."""
 
     def __init__(self, store: LimitStore, limits: Mapping[str, Limit],
-                 hand_over: Callable[[str], None] = lambda task_id: None) -> None:
+                 hand_over: Callable[[str], None]) -> None:
         self.store = store
         self.limits = limits
         self.held_back: LimitAnswer | None = None
