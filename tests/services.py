@@ -34,8 +34,9 @@ def unavailable(what: str, why: object, fix: str = "install or start it") -> Non
     pytest.skip(message)
 
 
-def create_database() -> str:
-    """A fresh, uniquely named database on the test server; returns its URL."""
+def create_database(options: str = "") -> str:
+    """A fresh, uniquely named database on the test server (*options*: of CREATE DATABASE);
+    returns its URL."""
     try:
         import psycopg
     except ImportError as exc:
@@ -43,7 +44,7 @@ def create_database() -> str:
     name = f"tether_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     try:
         with psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=3) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
+            conn.execute(f'CREATE DATABASE "{name}" {options}')
     except psycopg.OperationalError as exc:
         unavailable(f"PostgreSQL at {PG_ADMIN_URL}", exc, PG_FIX)
     base, _, _ = PG_ADMIN_URL.rpartition("/")

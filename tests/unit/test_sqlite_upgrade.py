@@ -170,3 +170,63 @@ def test_r08_the_schema_sql_is_read_from_the_package_folder_or_through_its_loade
     sqlite_schema._sql.cache_clear()
     assert sqlite_schema._sql("sqlite_schema.sql") == shipped
     sqlite_schema._sql.cache_clear()
+
+
+def downgrade_to_schema_6(db: Path) -> None:
+    """Snapshots keyed by (task, version) and idempotency indexed by task, as schema 6 had
+    them."""
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("BEGIN")
+    conn.execute("ALTER TABLE snapshots RENAME TO snapshots_new")
+    conn.execute("DROP INDEX snapshots_by_task")
+    conn.execute("CREATE TABLE snapshots (task_id TEXT NOT NULL, version INTEGER NOT NULL,"
+                 " created_at REAL NOT NULL, head BLOB NOT NULL, PRIMARY KEY (task_id, version))")
+    conn.execute("INSERT INTO snapshots SELECT * FROM snapshots_new")
+    conn.execute("DROP TABLE snapshots_new")
+    conn.execute("CREATE INDEX idempotency_by_task ON idempotency (task_id)")
+    conn.execute("UPDATE tether_meta SET value = '6' WHERE key = 'schema_version'")
+    conn.execute("COMMIT")
+    conn.close()
+
+
+def indexes(db: Path) -> set[str]:
+    conn = sqlite3.connect(db)
+    names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    conn.close()
+    return names
+
+
+async def test_a_schema_6_store_loses_the_version_key_and_the_index_by_task_and_nothing_else(
+        tmp_path: Path) -> None:
+    """Issue 30 (R8, R10, R14): schema 7 rewrites a head in the row of the version it replaces
+    without an index entry to move, and finds a task's call records by their keys. A schema-6
+    file is rebuilt so on opening: every kept version, the dialog and the call records are
+    still there, an older version can be rolled back to, and the task finishes answering its
+    calls from their records."""
+    db = tmp_path / "six.db"
+    async with build_app(db) as h:
+        task_id = await h.submit("noter")
+        await h.run_until_idle()
+        keys = await h.store.idempotency_keys(task_id)
+    downgrade_to_schema_6(db)
+    assert "PRIMARY KEY" in layout(db)["snapshots"] and "idempotency_by_task" in indexes(db)
+    before = contents(db)
+
+    async with build_app(db) as h:
+        assert await h.store.count_by_status() == {"waiting": 1}  # opening it upgrades it
+        assert layout(db)["schema_version"] == SCHEMA_VERSION
+        assert "PRIMARY KEY" not in layout(db)["snapshots"].upper()
+        assert "idempotency_by_task" not in indexes(db) and "snapshots_by_task" in indexes(db)
+        assert contents(db) == before
+        assert len(keys) == 6 and await h.store.idempotency_keys(task_id) == keys
+        oldest = min(v for v, _, _ in await h.store.list_versions(task_id))
+        await h.rollback(task_id, oldest)
+        await h.run_until_idle()
+        await h.emit(tt.Event("approval", task_id))
+        await h.run_until_idle()
+        info = await h.get(task_id)
+        assert info.record.status is tt.Status.COMPLETED and info.snapshot.result == 7
+        reused = [r for r in await h.store.list_recovery_log(task_id)
+                  if r["resume_strategy"] == "reuse_result"]
+        assert reused  # the calls redone after the rollback were answered from their records
+    assert len(contents(db)[0]) == 4

@@ -373,6 +373,7 @@ class PostgresStore(SQLBackend):
 
     async def _checkpoint(self, claim: Claim, checkpoint: Checkpoint, keep: int,
                           lease_until: float, read: bool) -> postgres_checkpoint.Written:
+        steps.check_owned(claim.task_id, checkpoint.idempotency)
         params = postgres_checkpoint.call_params(claim, checkpoint, keep, lease_until, time.time())
         await self._open()
         failpoint("mid_checkpoint")  # killed here, nothing of the checkpoint was sent

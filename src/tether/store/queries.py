@@ -138,8 +138,14 @@ def pending_where(condition: str) -> str:
 # ------------------------------------------------------------------ idempotency, recovery log
 
 GET_IDEMPOTENCY = f"SELECT {_IDEMPOTENCY_COLUMNS} FROM idempotency WHERE key = ?"
-IDEMPOTENCY_KEYS = "SELECT key FROM idempotency WHERE task_id = ?"
-LIST_IDEMPOTENCY = f"SELECT {_IDEMPOTENCY_COLUMNS} FROM idempotency WHERE task_id = ? ORDER BY updated_at"
+_OF_TASK = "key >= ? AND key < ? AND task_id = ?"
+"""A task's records, by the range of keys that begin with its id and a colon (the index of
+keys finds them; ``task_id`` leaves out another task whose id begins with this one's and a
+colon). Parameters: :func:`tether.store.steps.keys_of`. The range compares bytes: SQLite's
+default collation, and PostgreSQL's ``C`` collation of the column (migration 11)."""
+IDEMPOTENCY_KEYS = f"SELECT key FROM idempotency WHERE {_OF_TASK}"
+LIST_IDEMPOTENCY = f"SELECT {_IDEMPOTENCY_COLUMNS} FROM idempotency WHERE {_OF_TASK} ORDER BY updated_at"
+DELETE_IDEMPOTENCY = f"DELETE FROM idempotency WHERE {_OF_TASK}"
 # A key names one call of one task, so its task_id never changes: it is left out of the update,
 # and SQLite (which rewrites an index entry even for the same value) updates the row in place.
 PUT_IDEMPOTENCY = (f"INSERT INTO idempotency ({_IDEMPOTENCY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -214,9 +220,9 @@ LIMIT_USAGE = (
 
 TASK_FOR_DELETE = "SELECT status, lease_owner, lease_until FROM tasks WHERE task_id = ?"
 DELETE_TASK_ROWS = tuple(f"DELETE FROM {table} WHERE task_id = ?" for table in (
-    "snapshots", "history", "events", "idempotency", "recovery_log", "limit_holds",
-    "limit_waiters", "tasks"))
-"""Everything a task stored, its index row last."""
+    "snapshots", "history", "events", "recovery_log", "limit_holds", "limit_waiters", "tasks"))
+"""Everything a task stored but its idempotency records (:data:`DELETE_IDEMPOTENCY`), its
+index row last."""
 EXPIRED = ("SELECT task_id FROM tasks WHERE status = ? AND updated_at < ?"
            " AND (lease_owner IS NULL OR lease_until < ?) ORDER BY updated_at LIMIT ?")
 ANY_OLD_BLOB = "SELECT digest FROM blobs WHERE created_at < ? LIMIT 1"

@@ -14,7 +14,16 @@ from tether import blobs
 from tether.errors import TaskHeld
 from tether.model import TERMINAL, Status
 from tether.store import queries as q
-from tether.store.steps import Missing, Statement, Steps, change, change_many, every, one
+from tether.store.steps import (
+    Missing,
+    Statement,
+    Steps,
+    change,
+    change_many,
+    every,
+    keys_of,
+    one,
+)
 
 GRACE = 60.0
 """Seconds a new large value is left alone by the collector, whatever refers to it."""
@@ -30,6 +39,7 @@ def delete_task(task_id: str, now: float) -> Steps[None]:
         raise TaskHeld(f"task {task_id} is held by worker {owner} (status {row['status']}):"
                        " cancel it, let the worker let it go, then delete it; nothing was"
                        " deleted")
+    yield change(q.DELETE_IDEMPOTENCY, *keys_of(task_id))
     for statement in q.DELETE_TASK_ROWS:
         yield change(statement, task_id)
 

@@ -319,6 +319,7 @@ class SQLiteStore(SQLBackend):
                       reading: bool) -> tuple[int, list[StoredEvent] | None]:
         self.file.refuse_if_replaced()
         self.damage.refuse_writes()
+        steps.check_owned(claim.task_id, checkpoint.idempotency)
         return await self._group.write(
             lambda db: self._checkpoint(db, claim, checkpoint, keep, lease_until, reading))
 

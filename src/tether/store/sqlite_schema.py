@@ -14,9 +14,10 @@ from tether.store import sqlite_integrity
 from tether.store.sqlite_faults import DAMAGE, Damage, classify, damaged, what_to_do
 from tether.store.sqlite_group_commit import write_transaction
 
-SCHEMA_VERSION = "6"  # 2: the blob table (R20); 3: snapshots and history as rowid tables;
+SCHEMA_VERSION = "7"  # 2: the blob table (R20); 3: snapshots and history as rowid tables;
 # 4: the named limits shared by all workers and the cron schedules; 5: schedules held by the
-# worker starting them, and each limit's size; 6: LangGraph checkpoints (TetherSaver)
+# worker starting them, and each limit's size; 6: LangGraph checkpoints (TetherSaver);
+# 7: snapshots indexed by task only, idempotency records found by their keys' prefix
 
 
 PAGE_SIZE = 2048
@@ -141,18 +142,28 @@ def _is_current(db: sqlite3.Connection) -> bool:
 
 
 def _upgrade_layout(db: sqlite3.Connection, path: str) -> None:
-    """Rebuild the tables a schema-2 store kept WITHOUT ROWID (see the script's header)."""
-    layouts = dict(db.execute(
-        "SELECT name, sql FROM sqlite_master WHERE type = 'table'"
-        " AND name IN ('snapshots', 'history')").fetchall())
-    if any("WITHOUT ROWID" in sql.upper() for sql in layouts.values()):
-        try:
-            db.executescript(_sql("sqlite_v3_rowid_tables.sql"))
-        except sqlite3.Error as exc:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise StoreError(f"could not upgrade SQLite store {path!r} to schema 3:"
-                             f" {exc}; it was left as it was") from exc
+    """Rebuild the tables an older schema laid out otherwise: WITHOUT ROWID (schema 2, see
+    ``sqlite_v3_rowid_tables.sql``), then versions in the snapshots' key (schema 6 and
+    before, see ``sqlite_v7_unkeyed_versions.sql``). Each rebuild is one transaction."""
+    if any("WITHOUT ROWID" in sql.upper() for sql in _layouts(db).values()):
+        _rebuild(db, path, "sqlite_v3_rowid_tables.sql", 3)
+    if "PRIMARY KEY" in _layouts(db).get("snapshots", "").upper():
+        _rebuild(db, path, "sqlite_v7_unkeyed_versions.sql", 7)
+
+
+def _layouts(db: sqlite3.Connection) -> dict[str, str]:
+    return dict(db.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'"
+                           " AND name IN ('snapshots', 'history')").fetchall())
+
+
+def _rebuild(db: sqlite3.Connection, path: str, script: str, schema: int) -> None:
+    try:
+        db.executescript(_sql(script))
+    except sqlite3.Error as exc:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise StoreError(f"could not upgrade SQLite store {path!r} to schema {schema}:"
+                         f" {exc}; it was left as it was") from exc
 
 
 def _check_schema_version(db: sqlite3.Connection, path: str) -> None:

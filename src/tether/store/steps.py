@@ -26,6 +26,7 @@ import orjson
 from tether.errors import (
     InboxFull,
     InboxMoved,
+    InvalidInput,
     LeaseLost,
     TaskClosed,
     TaskExists,
@@ -451,13 +452,32 @@ def get_idempotency(key: str) -> Steps[IdempotencyRecord | None]:
     return None if row is None else rows.idempotency_record(row)
 
 
+def keys_of(task_id: str) -> tuple[str, str, str]:
+    """The parameters of a query for a task's idempotency records (``queries._OF_TASK``):
+    the keys from its id and a colon up to, not including, its id and a semicolon (the
+    character after the colon), and the task itself."""
+    return f"{task_id}:", f"{task_id};", task_id
+
+
+def check_owned(task_id: str, records: Sequence[IdempotencyRecord]) -> None:
+    """Refuse a record of another task, or one whose key does not begin with its task's id
+    and a colon: the store finds a task's records by that prefix (loading, listing,
+    deleting), so such a record would be lost to its task. Every key tether makes has it
+    (``tether.tools.idempotency_key``, a fork's ``own_key``)."""
+    for record in records:
+        if record.task_id != task_id or not record.key.startswith(f"{task_id}:"):
+            raise InvalidInput(f"task {task_id}: idempotency record {record.key!r} of task"
+                               f" {record.task_id!r} is not this task's (its key must begin"
+                               f" with {task_id + ':'!r}); nothing was written")
+
+
 def idempotency_keys(task_id: str) -> Steps[set[str]]:
-    found = yield every(q.IDEMPOTENCY_KEYS, task_id)
+    found = yield every(q.IDEMPOTENCY_KEYS, *keys_of(task_id))
     return {str(row["key"]) for row in found}
 
 
 def list_idempotency(task_id: str) -> Steps[list[IdempotencyRecord]]:
-    found = yield every(q.LIST_IDEMPOTENCY, task_id)
+    found = yield every(q.LIST_IDEMPOTENCY, *keys_of(task_id))
     return [rows.idempotency_record(row) for row in found]
 
 

@@ -10,6 +10,7 @@ import pytest
 from tether.errors import (
     InboxFull,
     InboxMoved,
+    InvalidInput,
     LeaseLost,
     TaskClosed,
     TaskNotFound,
@@ -344,6 +345,46 @@ class InboxConformance:
         assert await store.list_idempotency("t2") == []
         assert await store.idempotency_keys("t1") == {"t1:f1:0", "t1:f1:1"}
         assert await store.idempotency_keys("t2") == set()
+
+    async def test_a_tasks_records_are_its_own_though_another_ids_begins_with_its(
+            self, store: Store) -> None:
+        """Issue 30 (R10): a task's records are found by their keys' prefix, its id and a
+        colon; a task whose id begins with that ("t1:f1") is another task: its records are
+        not listed, read back as keys or deleted with the first's."""
+        now = time.time()
+        for task_id, key in (("t1", "t1:f1:0"), ("t1:f1", "t1:f1:f1:0")):
+            await make_task(store, task_id)
+            lease = await claim(store, task_id, now)
+            record = IdempotencyRecord(key, task_id, "refund", "h", OutcomeStatus.SUCCEEDED, 1)
+            await commit(store, lease, Status.COMPLETED, now, idempotency=[record])
+            await store.release(lease)
+        assert await store.idempotency_keys("t1") == {"t1:f1:0"}
+        assert [r.key for r in await store.list_idempotency("t1")] == ["t1:f1:0"]
+        assert await store.idempotency_keys("t1:f1") == {"t1:f1:f1:0"}
+        await store.delete_task("t1", now + 2 * LEASE)
+        assert await store.get_idempotency("t1:f1:0") is None
+        assert await store.idempotency_keys("t1:f1") == {"t1:f1:f1:0"}
+        kept = await store.get_idempotency("t1:f1:f1:0")
+        assert kept is not None and kept.task_id == "t1:f1"
+
+    @pytest.mark.parametrize(("key", "owner"), [("t2:f1:0", "t1"), ("t1:f1:0", "t2"),
+                                                ("t1-f1-0", "t1"), ("t1", "t1")])
+    async def test_a_record_that_is_not_the_tasks_own_is_refused(
+            self, store: Store, key: str, owner: str) -> None:
+        """Issue 30 (R10): a checkpoint may hold only its task's records, keyed by its id and a
+        colon (the prefix the task's records are found by); another is refused, naming it,
+        and nothing of the checkpoint is written."""
+        now = time.time()
+        await make_task(store, "t1")
+        lease = await claim(store, "t1", now)
+        version = await commit(store, lease, Status.RUNNING, now)
+        stray = IdempotencyRecord(key, owner, "refund", "h", OutcomeStatus.STARTED, attempts=1)
+        with pytest.raises(InvalidInput, match=f"{key!r}.*not this task's"):
+            await commit(store, lease, Status.RUNNING, now, step=2, idempotency=[stray],
+                         history=[HistoryRow(0, 1, {"role": "tool_call"})])
+        assert (await store.get_task("t1")).head_version == version
+        assert await store.get_idempotency(key) is None
+        assert await store.read_history("t1", [[0, -1]]) == []
 
     async def test_a_checkpoint_made_on_what_the_inbox_held_is_not_written_once_it_moved(
             self, store: Store) -> None:
