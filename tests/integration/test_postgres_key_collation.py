@@ -57,5 +57,3 @@ async def test_a_tasks_records_are_found_in_a_database_that_does_not_sort_by_byt
         assert conn.execute("SELECT collation_name FROM information_schema.columns WHERE"
                             " table_name = 'idempotency' AND column_name = 'key'"
                             ).fetchone() == ("C",)
-        assert conn.execute("SELECT count(*) FROM pg_indexes WHERE indexname ="
-                            " 'idempotency_by_task'").fetchone() == (0,)

@@ -230,3 +230,28 @@ async def test_a_schema_6_store_loses_the_version_key_and_the_index_by_task_and_
                   if r["resume_strategy"] == "reuse_result"]
         assert reused  # the calls redone after the rollback were answered from their records
     assert len(contents(db)[0]) == 4
+
+
+async def test_a_store_stopped_between_the_rebuild_and_its_missing_columns_is_finished_later(
+        tmp_path: Path) -> None:
+    """Issue 30 (R8): the snapshots rebuild is its own transaction, before the columns an
+    older schema lacks are added. A store stopped in between (a kill, or the lock held by
+    another process past the busy timeout) must not look current: the next open adds the
+    columns and only then raises the version."""
+    from tether.store import sqlite_schema
+
+    db = tmp_path / "four.db"
+    async with build_app(db) as h:
+        await h.schedule("hourly", "0 * * * *", "noter", timezone="UTC")
+    downgrade_to_schema_6(db)
+    downgrade_to_schema_4(db)
+    conn = sqlite3.connect(db, isolation_level=None)
+    sqlite_schema._upgrade_layout(conn, str(db))  # the rebuild alone, then stopped
+    assert "PRIMARY KEY" not in layout(db)["snapshots"].upper()
+    assert not sqlite_schema._is_current(conn)
+    conn.close()
+
+    async with build_app(db) as h:
+        (kept,) = await h.store.list_schedules()
+        assert layout(db)["schema_version"] == SCHEMA_VERSION
+        assert await h.store.claim_due_schedules(kept.next_at, hold=60.0)  # its column is back

@@ -3,7 +3,9 @@
 -- version in the table's key, each such rewrite moved an index entry too. Now the only
 -- index holds the task. And a task's idempotency records are found by their keys (all begin
 -- with the task's id and a colon), so the index by task, one more insert per call, goes.
--- One transaction: all or nothing.
+-- One transaction: all or nothing. The schema version is not raised here but once the whole
+-- upgrade is done (sqlite_schema.create_or_upgrade): a store stopped between this rebuild and
+-- the columns an older schema lacks must still be found behind and finished when next opened.
 BEGIN IMMEDIATE;
 ALTER TABLE snapshots RENAME TO snapshots_v6;
 CREATE TABLE snapshots (
@@ -17,5 +19,4 @@ INSERT INTO snapshots (task_id, version, created_at, head)
 DROP TABLE snapshots_v6;
 CREATE INDEX snapshots_by_task ON snapshots (task_id);
 DROP INDEX IF EXISTS idempotency_by_task;
-UPDATE tether_meta SET value = '7' WHERE key = 'schema_version';
 COMMIT;
