@@ -174,7 +174,8 @@ def test_r13_migrate_creates_then_keeps_a_postgres_schema_and_workers_run_on_it(
                                      " 0008_graph_checkpoints.sql,"
                                      " 0009_limit_functions.sql,"
                                      " 0010_limit_handover.sql,"
-                                     " 0011_idempotency_by_key_prefix.sql")
+                                     " 0011_idempotency_by_key_prefix.sql,"
+                                     " 0012_checkpoint_reading.sql")
         assert cli("migrate").strip() == "schema is up to date"
         task_id = cli("submit", "report", "--input", '{"report": "FY25"}').strip()
         cli("worker", "--until-idle")

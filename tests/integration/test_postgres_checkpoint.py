@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from tether.errors import InboxMoved, LeaseLost, StoreError, TaskNotFound
-from tether.model import Status
+from tether.model import EventStatus, Status
 from tether.store.base import Checkpoint, Claim
 from tether.store.conformance.helpers import LEASE, claim, event, head, limits, make_task
 from tether.store.postgres import PostgresStore
@@ -213,4 +213,34 @@ async def test_a_connection_whose_statement_cache_went_wrong_is_not_lent_again(
         await store.get_task("t")
     assert (await store.get_task("t")).task_id == "t"
     assert (await store.get_task("t")).task_id == "t"
+    await store.close()
+
+
+async def test_a_checkpoint_and_the_inbox_after_it_are_one_statement(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """R5, R13 (issue 30, migration 12): a step's commit and the read of the task's pending
+    events after it are one statement, not two in a pipeline; the events come back most
+    urgent first, those the checkpoint consumed left out, and none is an empty list."""
+    store = PostgresStore(pg_url)
+    await make_task(store, "t")
+    lease = await claim(store, "t", time.time())
+    sent: list[str] = []
+    execute = psycopg.AsyncCursor.execute
+
+    async def counted(cursor: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(str(query))
+        return await execute(cursor, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.AsyncCursor, "execute", counted)
+    assert await store.commit_reading(lease, checkpoint("t", 1), 10, time.time() + LEASE) == (2, [])
+    assert len(sent) == 1 and "tether_checkpoint_reading" in sent[0]
+    now = time.time()
+    low, high, done = [(await store.add_event(event("t", f"e{n}"), priority, limits(), now)).event_id
+                       for n, priority in enumerate((3, 1, 2))]
+    sent.clear()
+    consuming = dataclasses.replace(checkpoint("t", 2), events_done=[(done, EventStatus.APPLIED)])
+    version, pending = await store.commit_reading(lease, consuming, 10, time.time() + LEASE)
+    assert len(sent) == 1
+    assert version == 3 and [e.event.id for e in pending] == [high, low]
+    assert [e.event.type for e in pending] == ["e1", "e0"]
     await store.close()

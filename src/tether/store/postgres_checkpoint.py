@@ -4,7 +4,9 @@ A checkpoint is one call of the ``tether_checkpoint`` function (migration 3): th
 the new head, the dialog rows, the call records, the task row and the inbox's settling, in
 the order the SQLite store writes them. Called alone on an autocommit connection, it is its
 own transaction: one round trip, where five were needed before (BEGIN, the fence, the newest
-version, the writes, COMMIT).
+version, the writes, COMMIT). A commit that also reads the task's inbox after it (every step
+does) calls ``tether_checkpoint_reading`` (migration 12), which returns the pending events
+as well: still one statement.
 
 Group commit, as the SQLite store does it: the first checkpoint to arrive leads, yields to the
 event loop once so that every other task ready to commit joins it, then sends the batch as
@@ -13,12 +15,12 @@ one transaction in one pipeline (one round trip, one WAL flush). If anything in 
 landed, and each checkpoint is sent again on its own, so only its own task gets its own
 error. A checkpoint handed in is written even if its caller is cancelled meanwhile.
 
-Statements sent in a pipeline are prepared from their first use (``prepare=True``). Left to
-psycopg's threshold, a statement whose turn to be prepared comes in an autocommit pipeline
-that an earlier statement aborted (a refused checkpoint, then the inbox read) is recorded as
-prepared though the server skipped it, and every later use of it on that connection fails
-("prepared statement does not exist"). Prepared from the start, its cache entry is checked
-against its result and dropped when the pipeline aborted.
+Checkpoints are prepared from their first use (``prepare=True``). Left to psycopg's threshold,
+a statement whose turn to be prepared came in a pipeline that an earlier statement aborted
+(a refused checkpoint, then the inbox read queued behind it, before migration 12) was
+recorded as prepared though the server skipped it, and every later use of it on that
+connection failed ("prepared statement does not exist"). Prepared from the start, its cache
+entry is checked against its result and dropped when the pipeline aborted.
 """
 
 from __future__ import annotations
@@ -38,18 +40,20 @@ from tether.store import steps
 from tether.store.base import Checkpoint, Claim
 from tether.store.postgres_faults import connection_lost
 
-CALL = ("SELECT tether_checkpoint(%s::text, %s::bigint, %s::float8, %s::bigint, %s::bytea,"
-        " %s::text, %s::text, %s::float8, %s::float8, %s::boolean, %s::text[], %s::bytea[],"
-        " %s::int[], %s::int[], %s::bytea[], %s::bigint[], %s::text[], %s::text[], %s::text[],"
-        " %s::text[], %s::text[], %s::text[], %s::bytea[], %s::text[], %s::int[], %s::bytea[],"
-        " %s::text, %s::bigint[])")
+_ARGUMENTS = ("(%s::text, %s::bigint, %s::float8, %s::bigint, %s::bytea,"
+              " %s::text, %s::text, %s::float8, %s::float8, %s::boolean, %s::text[], %s::bytea[],"
+              " %s::int[], %s::int[], %s::bytea[], %s::bigint[], %s::text[], %s::text[],"
+              " %s::text[], %s::text[], %s::text[], %s::text[], %s::bytea[], %s::text[],"
+              " %s::int[], %s::bytea[], %s::text, %s::bigint[])")
+CALL = f"SELECT tether_checkpoint{_ARGUMENTS}"
+CALL_READING = f"SELECT * FROM tether_checkpoint_reading{_ARGUMENTS}"
+"""The checkpoint and the task's pending events after it, in one statement (migration 12):
+a row per event, each with the new ``version``, or one row of the version alone."""
 _WAKES = {q.URGENT: "urgent", q.LEVERS: "levers"}
 """Which pending events wake the task after the write (steps.stranded_wake), as the function
 names them."""
 TASK_MISSING, LEASE_LOST, INBOX_MOVED = "TT404", "TT409", "TT412"
 """The SQLSTATEs ``tether_checkpoint`` raises."""
-INBOX = q.pyformat(q.PENDING_EVENTS)
-"""The task's pending events, read in the checkpoint's round trip when the caller asks."""
 Written = tuple[int, list[dict[str, Any]] | None]
 """A checkpoint's new version, and the task's pending events once it was written (None: not
 asked for)."""
@@ -147,19 +151,15 @@ class GroupCommit:
             raise
 
     async def _alone(self, pending: _Pending) -> None:
-        """The call on an autocommit connection (its own transaction), and the inbox read
-        after it in the same pipeline: one round trip."""
+        """One statement on an autocommit connection (its own transaction): one round trip."""
         try:
             async with self._connect() as conn:
-                async with conn.pipeline():
-                    cursor = await conn.execute(CALL, pending.params, prepare=True)
-                    inbox = await _read_inbox(conn, pending)
-                row = await cursor.fetchone()
-                pending_events = None if inbox is None else await inbox.fetchall()
+                cursor = await _call(conn, pending)
+                written = await _written(cursor, pending)
         except psycopg.Error as exc:
             _settle(pending, error=await self._failure(exc, pending.claim))
             return
-        _settle(pending, (_version(row), pending_events))
+        _settle(pending, written)
 
     async def _together(self, batch: list[_Pending]) -> None:
         """One transaction in one pipeline. If the server refused it (a stale fence in it),
@@ -168,11 +168,9 @@ class GroupCommit:
         try:
             async with self._connect() as conn:
                 async with conn.pipeline(), conn.transaction():
-                    cursors = [await conn.execute(CALL, pending.params, prepare=True)
-                               for pending in batch]
-                    inboxes = [await _read_inbox(conn, pending) for pending in batch]
-                versions = [await cursor.fetchone() for cursor in cursors]
-                read = [None if inbox is None else await inbox.fetchall() for inbox in inboxes]
+                    cursors = [await _call(conn, pending) for pending in batch]
+                written = [await _written(cursor, pending)
+                           for cursor, pending in zip(cursors, batch, strict=True)]
         except psycopg.Error as exc:
             if exc.sqlstate is None or connection_lost(exc):
                 for pending in batch:
@@ -181,24 +179,25 @@ class GroupCommit:
             for pending in batch:
                 await self._alone(pending)
             return
-        for pending, row, pending_events in zip(batch, versions, read, strict=True):
-            _settle(pending, (_version(row), pending_events))
+        for pending, each in zip(batch, written, strict=True):
+            _settle(pending, each)
 
 
-async def _read_inbox(conn: psycopg.AsyncConnection[Any], pending: _Pending
-                      ) -> psycopg.AsyncCursor[dict[str, Any]] | None:
-    """The task's pending events, queued behind its checkpoint (None: not asked for)."""
-    if not pending.read:
-        return None
+async def _call(conn: psycopg.AsyncConnection[Any], pending: _Pending
+                ) -> psycopg.AsyncCursor[dict[str, Any]]:
+    """Send *pending*'s checkpoint (with its inbox read if asked for), prepared from its first
+    use (see the module docstring)."""
     cursor = conn.cursor(row_factory=dict_row)
-    await cursor.execute(INBOX, (pending.claim.task_id,), prepare=True)
+    await cursor.execute(CALL_READING if pending.read else CALL, pending.params, prepare=True)
     return cursor
 
 
-def _version(row: tuple[Any, ...] | None) -> int:
-    """The new version ``tether_checkpoint`` returned (a SELECT of a function: one row)."""
-    assert row is not None
-    return int(row[0])
+async def _written(cursor: psycopg.AsyncCursor[dict[str, Any]], pending: _Pending) -> Written:
+    """The new version, and with a read, the pending events (the rows that carry one)."""
+    found = await cursor.fetchall()
+    if not pending.read:
+        return int(found[0]["tether_checkpoint"]), None
+    return int(found[0]["version"]), [row for row in found if row["id"] is not None]
 
 
 def _settle(pending: _Pending, written: Written = (0, None),
