@@ -171,9 +171,9 @@ def densest(times: list[float]) -> int:
 
 def run(store: str, tasks: int, mode: str, tools: str, enforce: int | None) -> Provider:
     provider = Provider(enforce)
-    with tempfile.TemporaryDirectory() as folder, serving(provider) as url:
+    with tempfile.TemporaryDirectory() as folder, serving(provider) as url, \
+            store_url(store, folder) as url_of_store:
         (Path(folder) / "limitsbench.py").write_text(APP)
-        url_of_store = f"sqlite:///{folder}/bench.db" if store == "sqlite" else fresh_pg()
         env = {**os.environ, "PYTHONPATH": folder, "TETHER_STORE": url_of_store,
                "TETHER_APP": "limitsbench:harness", "BENCH_PROVIDER": url, "BENCH_MODE": mode,
                "BENCH_TOOLS": tools, "BENCH_CONCURRENCY": str(CONCURRENCY),
@@ -197,13 +197,23 @@ def run(store: str, tasks: int, mode: str, tools: str, enforce: int | None) -> P
     return provider
 
 
-def fresh_pg() -> str:
+@contextmanager
+def store_url(store: str, folder: str) -> Iterator[str]:
+    """A SQLite file in *folder*, or a fresh PostgreSQL database dropped after the run (the
+    server is shared: a run leaves nothing behind on it)."""
+    if store == "sqlite":
+        yield f"sqlite:///{folder}/bench.db"
+        return
     import psycopg
 
     name = f"tether_limits_{os.getpid()}_{int(time.time() * 1000) % 10**8}"
     with psycopg.connect(PG_URL, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    return PG_URL.rsplit("/", 1)[0] + "/" + name
+    try:
+        yield PG_URL.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def pg_reachable() -> bool:
