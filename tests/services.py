@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from typing import Any
 
 import pytest
 
@@ -94,3 +95,19 @@ def clear_redis(url: str, prefix: str) -> None:
     keys = list(client.scan_iter(f"{prefix}:*"))
     if keys:
         client.delete(*keys)
+
+
+def statements_sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every statement psycopg's async cursors send from now on, in order (a test counts
+    what an operation costs the server in statements)."""
+    import psycopg
+
+    sent: list[str] = []
+    execute = psycopg.AsyncCursor.execute
+
+    async def counted(cursor: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(str(query))
+        return await execute(cursor, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.AsyncCursor, "execute", counted)
+    return sent

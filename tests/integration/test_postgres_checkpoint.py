@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
+import services
 from tether.errors import InboxMoved, LeaseLost, StoreError, TaskNotFound
 from tether.model import EventStatus, Status
 from tether.store.base import Checkpoint, Claim
@@ -224,14 +225,7 @@ async def test_a_checkpoint_and_the_inbox_after_it_are_one_statement(
     store = PostgresStore(pg_url)
     await make_task(store, "t")
     lease = await claim(store, "t", time.time())
-    sent: list[str] = []
-    execute = psycopg.AsyncCursor.execute
-
-    async def counted(cursor: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
-        sent.append(str(query))
-        return await execute(cursor, query, *args, **kwargs)
-
-    monkeypatch.setattr(psycopg.AsyncCursor, "execute", counted)
+    sent = services.statements_sent(monkeypatch)
     assert await store.commit_reading(lease, checkpoint("t", 1), 10, time.time() + LEASE) == (2, [])
     assert len(sent) == 1 and "tether_checkpoint_reading" in sent[0]
     now = time.time()

@@ -9,9 +9,9 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import psycopg
 import pytest
 
+import services
 from tether.store import open_store
 from tether.store.base import LimitRequest, Store
 from tether.store.conformance.helpers import claim, make_task
@@ -76,14 +76,7 @@ async def test_admission_and_release_are_one_statement_each(
     now = time.time()
     await make_task(postgres, "t")
     fence = (await claim(postgres, "t", now)).fence
-    sent: list[str] = []
-    execute = psycopg.AsyncCursor.execute
-
-    async def counted(cursor: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
-        sent.append(str(query))
-        return await execute(cursor, query, *args, **kwargs)
-
-    monkeypatch.setattr(psycopg.AsyncCursor, "execute", counted)
+    sent = services.statements_sent(monkeypatch)
     assert (await postgres.acquire_limit(request("t", fence, "h", concurrency=1), now)).granted
     refused = await postgres.acquire_limit(request("t", fence, "h2", concurrency=1), now)
     await postgres.release_limit("provider", "", "h", now)
