@@ -127,6 +127,10 @@ def to_plain(value: Any, limit: int | None = None, what: str = "value") -> Any:
     holding a live SDK object would not load again after a restart. With
     *limit* (a value from outside: an input, a payload, a result), data larger than
     that many bytes of JSON, or nested deeper than :data:`MAX_DEPTH`, is refused too.
+
+    orjson writes NaN and infinities as ``null``: a value whose JSON holds a ``null`` is
+    looked at for them, unless it equals what its JSON decodes to (plain data, compared at C
+    speed: a NaN would have come back as None), which spares most values the full walk.
     """
     if hasattr(value, "model_dump") and callable(value.model_dump):
         value = value.model_dump(mode="json")
@@ -136,17 +140,18 @@ def to_plain(value: Any, limit: int | None = None, what: str = "value") -> Any:
         if _depth(value) > MAX_DEPTH:  # orjson's own bound, 254 levels
             raise InvalidInput(_too_deep(what)) from None
         raise InvalidInput(f"{what} is not JSON-serialisable ({exc}): {value!r:.200}") from exc
-    if b"null" in encoded and _has_non_finite(value):  # orjson writes NaN and inf as null
-        raise InvalidInput(f"{what} holds NaN or an infinity, which JSON cannot carry; send a"
-                           " number, null or a string")
-    if limit is not None and len(encoded) > limit:
+    if limit is not None and len(encoded) > limit:  # before decoding what is too large
         raise InvalidInput(f"{what} is {len(encoded):,} bytes of JSON, over the limit of"
                            f" {limit:,} (Settings.max_payload_bytes); store large data elsewhere"
                            " and pass a reference")
+    plain = orjson.loads(encoded)
+    if b"null" in encoded and plain != value and _has_non_finite(value):
+        raise InvalidInput(f"{what} holds NaN or an infinity, which JSON cannot carry; send a"
+                           " number, null or a string")
     if limit is not None and encoded.count(b"{") + encoded.count(b"[") > MAX_DEPTH \
             and _depth(value) > MAX_DEPTH:
         raise InvalidInput(_too_deep(what))
-    return orjson.loads(encoded)
+    return plain
 
 
 def _too_deep(what: str) -> str:

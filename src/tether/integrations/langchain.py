@@ -209,7 +209,7 @@ class LangChainAgent(ModelAgent):
             ended = answer is not None and bool(answer.tool_calls) and not stopped
             extra = [] if ended else _unusable_calls(answer, self.tools, new)
             recorded = _recorded(before, final, new)
-            _record(task, answer, recorded, extra, seconds)
+            _record(task, decoded, answer, [*recorded, *extra], seconds)
             calls = [c for c in (answer.tool_calls if answer is not None and stopped else [])
                      if c["name"] in self.tools and c.get("id")]
             if calls and structured is None and recorded is new and decoded.live is not None:
@@ -324,7 +324,12 @@ class LangChainAgent(ModelAgent):
             tools=list(node.tools_by_name.values()))
         with running(ctx):
             output = await node._arun_one(call, "dict", runtime)
-        return only_message(output, name, call_id)
+        message = only_message(output, name, call_id)
+        plain = dumped(message)
+        decoded: Messages | None = self.dialogs.get(ctx.task_id)
+        if decoded is not None:  # the result's row, fed to the next plan, is this message
+            decoded.made_here([plain], [message])
+        return plain
 
 
 # ---------------------------------------------------------------------------- the graph
@@ -494,29 +499,30 @@ def _unusable_calls(answer: AIMessage | None, tools: Mapping[str, BaseTool],
     return out
 
 
-def _record(task: TaskView, answer: AIMessage | None, recorded: Sequence[BaseMessage],
-            extra: Sequence[BaseMessage], seconds: float) -> None:
+def _record(task: TaskView, decoded: Messages, answer: AIMessage | None,
+            messages: list[BaseMessage], seconds: float) -> None:
+    plain = [dumped(m) for m in messages]
+    decoded.made_here(plain, messages)
     usage: Mapping[str, Any] = (answer.usage_metadata if answer is not None else None) or {}
     meta = answer.response_metadata if answer is not None else {}
     task.record_completion(str(meta.get("model_name") or meta.get("model") or "unknown"),
                            usage={"prompt_tokens": usage.get("input_tokens", 0),
                                   "completion_tokens": usage.get("output_tokens", 0)},
                            finish_reason="tool_calls" if answer is not None and answer.tool_calls
-                           else "stop", seconds=seconds,
-                           messages=[dumped(m) for m in [*recorded, *extra]])
+                           else "stop", seconds=seconds, messages=plain)
 
 
 def _unstreamed(chunk: Any) -> None:
     """A tool's custom stream writes go nowhere: tether runs the call outside a graph run."""
 
 
-def only_message(output: Any, name: str, call_id: str) -> dict[str, Any]:
-    """The one tool message a ToolNode run of one call gave, as plain data."""
+def only_message(output: Any, name: str, call_id: str) -> ToolMessage:
+    """The one tool message a ToolNode run of one call gave."""
     messages = output.get("messages") if isinstance(output, Mapping) else output
     if isinstance(messages, ToolMessage):
         messages = [messages]
     if isinstance(messages, list) and len(messages) == 1 and isinstance(messages[0], ToolMessage):
-        return dumped(messages[0])
+        return messages[0]
     kind = "a Command" if isinstance(output, Command) or (
         isinstance(messages, list) and any(isinstance(m, Command) for m in messages)) \
         else type(output).__name__

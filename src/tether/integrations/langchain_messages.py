@@ -35,6 +35,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 __all__ = ["NOT_MADE", "SKIPPED", "Messages", "dumped", "messages_of", "replayable", "text"]
 
+MADE_KEPT = 8
+"""Messages made here kept for their rows (:meth:`Messages.made_here`)."""
 NOT_MADE = "error: this call was not made (its plan was dropped)"
 SKIPPED = "skipped: a person decided this call is not made"
 
@@ -65,6 +67,9 @@ class Messages:
         self.live: Any = None
         """The graph run kept open for this conversation (:mod:`.langchain_run`)."""
         self.count = 0
+        self.made: list[tuple[list[dict[str, Any]], list[BaseMessage]]] = []
+        """Messages this process wrote rows for (a turn's answer, a call's result): each
+        row's plain form and the objects, so that the row fed back is not decoded again."""
         self._add(*_opening(opening))  # an input's open calls are answered too
 
     def feed(self, rows: Iterable[Mapping[str, Any]]) -> None:
@@ -90,6 +95,25 @@ class Messages:
                 self._add(*self.held)
                 self.held = []
 
+    def made_here(self, plain: list[dict[str, Any]], messages: list[BaseMessage]) -> None:
+        """*messages*, whose row holds them as *plain*, were made in this process: the row,
+        fed back, takes them as they are (a few are kept: a row that never came, a dropped
+        plan's, does not pile up)."""
+        self.made = [*self.made[-(MADE_KEPT - 1):], (plain, messages)]
+
+    def _decoded(self, plain: list[dict[str, Any]]) -> list[BaseMessage]:
+        """*plain*'s messages: those made here for a row equal to it (the same messages,
+        without pydantic decoding them again), else decoded. Made messages whose ids the
+        conversation holds already are decoded instead: :meth:`_add` gives such a message a
+        new id, which must not change an object a graph run holds too."""
+        for index, (form, messages) in enumerate(self.made):
+            if form == plain:
+                del self.made[:index + 1]
+                if not any(m.id is not None and m.id in self.ids for m in messages):
+                    return list(messages)
+                break
+        return messages_from_dict(plain)
+
     def _add(self, *messages: BaseMessage) -> None:
         """Append *messages*, each under an id of its own: LangGraph's reducer would merge two
         messages with one id, so a missing or repeated id is replaced by tether's."""
@@ -111,7 +135,7 @@ class Messages:
     def _messages(self, row: dialog.DialogRow) -> list[BaseMessage]:
         """What one dialog row adds to the conversation."""
         if isinstance(row, dialog.Completion):  # RemoveMessage: only REMOVE_ALL is written
-            return [replayable(m) for m in messages_from_dict(row.messages)]
+            return [replayable(m) for m in self._decoded(row.messages)]
         if isinstance(row, dialog.ReplyRow):
             return [AIMessage(text(row.text) + dialog.CUT_OFF)] if row.cut_off else []
         if isinstance(row, dialog.ResultRow):
@@ -125,7 +149,7 @@ class Messages:
     def _result(self, row: dialog.ResultRow) -> list[BaseMessage]:
         content = row.content
         if isinstance(content, Mapping) and content.get("type") == "tool":
-            return messages_from_dict([dict(content)])
+            return self._decoded([dict(content)])
         call_id = self.call_ids.get(row.key)
         if call_id is None or not row.name.startswith(self.prefix):
             return []

@@ -45,6 +45,7 @@ from tether.agents.base import ModelAgent, framework_tool
 from tether.agents.prompt import clip
 from tether.errors import CallNotMade, ConfigurationError, MissingExtra
 from tether.integrations.langchain import only_message, reconciler, tool_nodes_of, tools_of
+from tether.integrations.langchain_messages import dumped
 from tether.integrations.langgraph_saver import TaskSaver
 from tether.model import Action, Continue, Finish, Reply, ToolCall, Wait
 from tether.tools import (
@@ -262,7 +263,8 @@ class LangGraphAgent(Agent):
                         config, runtime=Runtime(context=self.context, store=self.graph.store))
             finally:
                 _MAKING.reset(token)
-            return {"interrupt_id": interrupt_id, "value": only_message(output, name, call_id)}
+            return {"interrupt_id": interrupt_id,
+                    "value": dumped(only_message(output, name, call_id))}
 
         run.__doc__ = f"LangGraph tool {name}, run through tether."
         return run
