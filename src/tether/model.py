@@ -129,13 +129,15 @@ def to_plain(value: Any, limit: int | None = None, what: str = "value") -> Any:
     that many bytes of JSON, or nested deeper than :data:`MAX_DEPTH`, is refused too.
 
     orjson writes NaN and infinities as ``null``: a value whose JSON holds a ``null`` is
-    looked at for them, unless it equals what its JSON decodes to (plain data, compared at C
-    speed: a NaN would have come back as None), which spares most values the full walk.
+    looked at for them, unless it is built of Python's own types only (no dataclass,
+    subclass or datetime, whose ``__eq__`` could say anything) and equals what its JSON
+    decodes to: compared at C speed, a NaN would have come back as None. That spares most
+    values the full walk.
     """
     if hasattr(value, "model_dump") and callable(value.model_dump):
         value = value.model_dump(mode="json")
     try:
-        encoded = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+        encoded, builtin = _encoded(value)
     except TypeError as exc:
         if _depth(value) > MAX_DEPTH:  # orjson's own bound, 254 levels
             raise InvalidInput(_too_deep(what)) from None
@@ -145,13 +147,37 @@ def to_plain(value: Any, limit: int | None = None, what: str = "value") -> Any:
                            f" {limit:,} (Settings.max_payload_bytes); store large data elsewhere"
                            " and pass a reference")
     plain = orjson.loads(encoded)
-    if b"null" in encoded and plain != value and _has_non_finite(value):
+    if b"null" in encoded and (not builtin or plain != value) and _has_non_finite(value):
         raise InvalidInput(f"{what} holds NaN or an infinity, which JSON cannot carry; send a"
                            " number, null or a string")
     if limit is not None and encoded.count(b"{") + encoded.count(b"[") > MAX_DEPTH \
             and _depth(value) > MAX_DEPTH:
         raise InvalidInput(_too_deep(what))
     return plain
+
+
+_BUILTIN_ONLY = (orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATACLASS
+                 | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_SUBCLASS)
+"""orjson's options under which anything but Python's own types goes to ``default``."""
+
+
+class _NotBuiltin(Exception):
+    """Raised by orjson's ``default``: the value holds more than Python's own types."""
+
+
+def _not_builtin(_: Any) -> Any:
+    raise _NotBuiltin
+
+
+def _encoded(value: Any) -> tuple[bytes, bool]:
+    """*value*'s JSON, and whether it is built of Python's own types only (one encoding for
+    those; one more for the rest, as orjson encodes them natively)."""
+    try:
+        return orjson.dumps(value, default=_not_builtin, option=_BUILTIN_ONLY), True
+    except orjson.JSONEncodeError as exc:
+        if not isinstance(exc.__cause__, _NotBuiltin):
+            raise
+    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS), False
 
 
 def _too_deep(what: str) -> str:
@@ -202,6 +228,8 @@ def _has_non_finite(value: Any) -> bool:
 def _walk_non_finite(value: Any) -> bool:
     if isinstance(value, float):
         return not math.isfinite(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # as orjson writes it
+        return any(_walk_non_finite(getattr(value, f.name)) for f in dataclasses.fields(value))
     if isinstance(value, dict):
         return any(_walk_non_finite(item) for item in value.values())
     if isinstance(value, list | tuple):

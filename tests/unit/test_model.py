@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from typing import Any
 
 import orjson
@@ -117,6 +118,56 @@ def test_to_plain_converts_dataclasses() -> None:
 def test_to_plain_uses_model_dump() -> None:
     """R8: pydantic-style objects are converted through model_dump(mode="json")."""
     assert to_plain(_PydanticLike()) == {"id": "resp-1", "choices": [{"text": "hi"}]}
+
+
+@dataclasses.dataclass
+class _Reading:
+    value: float
+    note: str | None = None
+
+
+class _AlwaysEqual(dict[str, Any]):
+    """A dict whose ``__eq__`` says yes to anything: equality proves nothing about it."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("value", [
+    {"a": float("nan"), "b": None},
+    [None, float("inf")],
+    float("-inf"),
+    _Reading(float("nan")),
+    {"reading": _Reading(1.0, note=None), "also": [_Reading(float("inf"))]},
+    _AlwaysEqual(a=float("nan"), b=None),
+])
+def test_to_plain_refuses_nan_and_infinities_wherever_they_sit(value: Any) -> None:
+    """R8: orjson would write them as null, a silent change of the data: refused, in plain
+    data, in dataclasses, and in a subclass whose equality cannot be trusted."""
+    with pytest.raises(InvalidInput, match="NaN or an infinity"):
+        to_plain(value)
+
+
+@pytest.mark.parametrize("value", [
+    {"a": None, "b": [1, 2.5, "x", None]},
+    {"reading": _Reading(1.5), "when": datetime.date(2026, 12, 7)},
+    _AlwaysEqual(a=None),
+    {1: None},
+])
+def test_to_plain_keeps_nulls_that_were_nulls(value: Any) -> None:
+    """R8: a null that was None is no NaN: kept, whatever the value is built of."""
+    assert orjson.loads(orjson.dumps(to_plain(value))) == to_plain(value)
+    assert None in _leaves(to_plain(value))
+
+
+def _leaves(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [leaf for item in value.values() for leaf in _leaves(item)]
+    if isinstance(value, list):
+        return [leaf for item in value for leaf in _leaves(item)]
+    return [value]
 
 
 @pytest.mark.parametrize("value", [object(), {"handle": object()}, [1, {2, 3}], {"f": lambda: 1}])
