@@ -169,6 +169,16 @@ def _not_builtin(_: Any) -> Any:
     raise _NotBuiltin
 
 
+def builtin_only(value: Any) -> bool:
+    """Whether *value* is built of Python's own types only: no dataclass, pydantic model,
+    subclass, datetime or other object that JSON would carry only converted."""
+    try:
+        orjson.dumps(value, default=_not_builtin, option=_BUILTIN_ONLY)
+    except orjson.JSONEncodeError:
+        return False
+    return True
+
+
 def _encoded(value: Any) -> tuple[bytes, bool]:
     """*value*'s JSON, and whether it is built of Python's own types only (one encoding for
     those; one more for the rest, as orjson encodes them natively)."""
@@ -226,15 +236,28 @@ def _has_non_finite(value: Any) -> bool:
 
 
 def _walk_non_finite(value: Any) -> bool:
+    """The walk for values the standard library cannot encode: what orjson writes of them."""
     if isinstance(value, float):
         return not math.isfinite(value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # as orjson writes it
-        return any(_walk_non_finite(getattr(value, f.name)) for f in dataclasses.fields(value))
+    if isinstance(value, enum.Enum):
+        return _walk_non_finite(value.value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return any(map(_walk_non_finite, _dataclass_written(value)))
     if isinstance(value, dict):
-        return any(_walk_non_finite(item) for item in value.values())
+        return any(_walk_non_finite(key) or _walk_non_finite(item) for key, item in value.items())
     if isinstance(value, list | tuple):
-        return any(_walk_non_finite(item) for item in value)
+        return any(map(_walk_non_finite, value))
     return False
+
+
+def _dataclass_written(value: Any) -> list[Any]:
+    """The attributes orjson writes of a dataclass instance: those of its ``__dict__`` (or,
+    with slots, its fields that are set) whose names do not begin with an underscore."""
+    attributes = getattr(value, "__dict__", None)
+    if attributes is not None:
+        return [item for name, item in attributes.items() if not name.startswith("_")]
+    return [getattr(value, name) for name in value.__dataclass_fields__
+            if not name.startswith("_") and hasattr(value, name)]
 
 
 def storable_text(text: str | None) -> str | None:

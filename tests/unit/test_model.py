@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import enum
 from typing import Any
 
 import orjson
@@ -126,6 +127,20 @@ class _Reading:
     note: str | None = None
 
 
+@dataclasses.dataclass
+class _Cached:
+    """Attributes orjson does not write: a private one, and one set only later."""
+
+    value: float
+    note: str | None = None
+    _raw: float = float("nan")
+    cached: float = dataclasses.field(init=False)
+
+
+class _Ceiling(enum.Enum):
+    NONE = float("inf")
+
+
 class _AlwaysEqual(dict[str, Any]):
     """A dict whose ``__eq__`` says yes to anything: equality proves nothing about it."""
 
@@ -142,6 +157,8 @@ class _AlwaysEqual(dict[str, Any]):
     _Reading(float("nan")),
     {"reading": _Reading(1.0, note=None), "also": [_Reading(float("inf"))]},
     _AlwaysEqual(a=float("nan"), b=None),
+    {"ceiling": _Ceiling.NONE, "note": None},
+    _Reading(1.0, note={float("nan"): "key"}),  # type: ignore[arg-type]
 ])
 def test_to_plain_refuses_nan_and_infinities_wherever_they_sit(value: Any) -> None:
     """R8: orjson would write them as null, a silent change of the data: refused, in plain
@@ -155,11 +172,18 @@ def test_to_plain_refuses_nan_and_infinities_wherever_they_sit(value: Any) -> No
     {"reading": _Reading(1.5), "when": datetime.date(2026, 12, 7)},
     _AlwaysEqual(a=None),
     {1: None},
+    _Cached(1.0),
 ])
 def test_to_plain_keeps_nulls_that_were_nulls(value: Any) -> None:
     """R8: a null that was None is no NaN: kept, whatever the value is built of."""
     assert orjson.loads(orjson.dumps(to_plain(value))) == to_plain(value)
     assert None in _leaves(to_plain(value))
+
+
+def test_to_plain_writes_of_a_dataclass_what_orjson_writes() -> None:
+    """R8: what orjson leaves out of a dataclass (an attribute never set, a private one) is
+    neither looked at nor refused."""
+    assert to_plain({"reading": _Cached(1.0)}) == {"reading": {"value": 1.0, "note": None}}
 
 
 def _leaves(value: Any) -> list[Any]:

@@ -325,11 +325,10 @@ class LangChainAgent(ModelAgent):
         with running(ctx):
             output = await node._arun_one(call, "dict", runtime)
         message = only_message(output, name, call_id)
-        plain = dumped(message)
         decoded: Messages | None = self.dialogs.get(ctx.task_id)
-        if decoded is not None:  # the result's row, fed to the next plan, is this message
-            decoded.made_here([plain], [message])
-        return plain
+        if decoded is None:
+            return dumped(message)
+        return decoded.recorded([message])[0]  # the result's row, fed to the next plan
 
 
 # ---------------------------------------------------------------------------- the graph
@@ -501,8 +500,7 @@ def _unusable_calls(answer: AIMessage | None, tools: Mapping[str, BaseTool],
 
 def _record(task: TaskView, decoded: Messages, answer: AIMessage | None,
             messages: list[BaseMessage], seconds: float) -> None:
-    plain = [dumped(m) for m in messages]
-    decoded.made_here(plain, messages)
+    plain = decoded.recorded(messages)
     usage: Mapping[str, Any] = (answer.usage_metadata if answer is not None else None) or {}
     meta = answer.response_metadata if answer is not None else {}
     task.record_completion(str(meta.get("model_name") or meta.get("model") or "unknown"),

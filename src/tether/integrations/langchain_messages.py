@@ -19,6 +19,7 @@ import pydantic_core
 from tether import dialog
 from tether.agent import DialogPosition
 from tether.errors import MissingExtra
+from tether.model import builtin_only
 
 try:
     from langchain_core.messages import (
@@ -36,7 +37,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 __all__ = ["NOT_MADE", "SKIPPED", "Messages", "dumped", "messages_of", "replayable", "text"]
 
 MADE_KEPT = 8
-"""Messages made here kept for their rows (:meth:`Messages.made_here`)."""
+"""Messages made here kept for their rows (:meth:`Messages.recorded`)."""
 NOT_MADE = "error: this call was not made (its plan was dropped)"
 SKIPPED = "skipped: a person decided this call is not made"
 
@@ -69,7 +70,8 @@ class Messages:
         self.count = 0
         self.made: list[tuple[list[dict[str, Any]], list[BaseMessage]]] = []
         """Messages this process wrote rows for (a turn's answer, a call's result): each
-        row's plain form and the objects, so that the row fed back is not decoded again."""
+        row's plain form and the objects, so that the row fed back is not decoded again
+        (:meth:`recorded`)."""
         self._add(*_opening(opening))  # an input's open calls are answered too
 
     def feed(self, rows: Iterable[Mapping[str, Any]]) -> None:
@@ -95,21 +97,29 @@ class Messages:
                 self._add(*self.held)
                 self.held = []
 
-    def made_here(self, plain: list[dict[str, Any]], messages: list[BaseMessage]) -> None:
-        """*messages*, whose row holds them as *plain*, were made in this process: the row,
-        fed back, takes them as they are (a few are kept: a row that never came, a dropped
-        plan's, does not pile up)."""
-        self.made = [*self.made[-(MADE_KEPT - 1):], (plain, messages)]
+    def recorded(self, messages: list[BaseMessage]) -> list[dict[str, Any]]:
+        """*messages*, made in this process, as their row holds them. Where the row is all
+        they are (nothing in them but JSON's own data: an artifact of live objects, such as a
+        retriever's Documents, comes back from the row as plain data, as it would after a
+        restart), the row fed back takes them as they are (a few are
+        kept: a row that never came, a dropped plan's, does not pile up)."""
+        raw = [message_to_dict(m) for m in messages]
+        plain = [dict(pydantic_core.to_jsonable_python(m, fallback=str)) for m in raw]
+        if plain == raw and all(builtin_only(vars(m)) for m in messages):
+            self.made = [*self.made[-(MADE_KEPT - 1):], (plain, messages)]
+        return plain
 
     def _decoded(self, plain: list[dict[str, Any]]) -> list[BaseMessage]:
         """*plain*'s messages: those made here for a row equal to it (the same messages,
-        without pydantic decoding them again), else decoded. Made messages whose ids the
-        conversation holds already are decoded instead: :meth:`_add` gives such a message a
+        without pydantic decoding them again), else decoded. Made messages whose ids changed
+        since (a graph run gives a message without one an id of its own), or whose ids the
+        conversation holds already, are decoded instead: :meth:`_add` gives such a message a
         new id, which must not change an object a graph run holds too."""
         for index, (form, messages) in enumerate(self.made):
             if form == plain:
                 del self.made[:index + 1]
-                if not any(m.id is not None and m.id in self.ids for m in messages):
+                if all(m.id == f["data"].get("id") and (m.id is None or m.id not in self.ids)
+                       for m, f in zip(messages, form, strict=True)):
                     return list(messages)
                 break
         return messages_from_dict(plain)
