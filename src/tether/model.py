@@ -135,6 +135,8 @@ def to_plain(value: Any, limit: int | None = None, what: str = "value") -> Any:
     values the full walk.
     """
     if hasattr(value, "model_dump") and callable(value.model_dump):
+        if hasattr(type(value), "model_fields") and _walk_non_finite(value.model_dump()):
+            raise InvalidInput(_non_finite(what))  # pydantic's JSON mode writes some as null
         value = value.model_dump(mode="json")
     try:
         encoded, builtin = _encoded(value)
@@ -148,8 +150,7 @@ def to_plain(value: Any, limit: int | None = None, what: str = "value") -> Any:
                            " and pass a reference")
     plain = orjson.loads(encoded)
     if b"null" in encoded and (not builtin or plain != value) and _has_non_finite(value):
-        raise InvalidInput(f"{what} holds NaN or an infinity, which JSON cannot carry; send a"
-                           " number, null or a string")
+        raise InvalidInput(_non_finite(what))
     if limit is not None and encoded.count(b"{") + encoded.count(b"[") > MAX_DEPTH \
             and _depth(value) > MAX_DEPTH:
         raise InvalidInput(_too_deep(what))
@@ -188,6 +189,11 @@ def _encoded(value: Any) -> tuple[bytes, bool]:
         if not isinstance(exc.__cause__, _NotBuiltin):
             raise
     return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS), False
+
+
+def _non_finite(what: str) -> str:
+    return (f"{what} holds NaN or an infinity, which JSON cannot carry; send a number, null or"
+            " a string")
 
 
 def _too_deep(what: str) -> str:

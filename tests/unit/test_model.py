@@ -8,6 +8,7 @@ import enum
 from typing import Any
 
 import orjson
+import pydantic
 import pytest
 
 from tether.errors import CorruptSnapshot, IllegalTransition, InvalidInput
@@ -103,6 +104,11 @@ class _Response:
     tags: tuple[str, ...] = ("a",)
 
 
+class _Measured(pydantic.BaseModel):
+    reading: Any
+    unit: str | None = None
+
+
 class _PydanticLike:
     def model_dump(self, mode: str = "python") -> dict[str, Any]:
         assert mode == "json"
@@ -158,6 +164,7 @@ class _AlwaysEqual(dict[str, Any]):
     {"reading": _Reading(1.0, note=None), "also": [_Reading(float("inf"))]},
     _AlwaysEqual(a=float("nan"), b=None),
     {"ceiling": _Ceiling.NONE, "note": None},
+    _Measured(reading=float("inf")),  # pydantic's JSON mode writes an Any field's as null
     _Reading(1.0, note={float("nan"): "key"}),  # type: ignore[arg-type]
 ])
 def test_to_plain_refuses_nan_and_infinities_wherever_they_sit(value: Any) -> None:
