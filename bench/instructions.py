@@ -8,8 +8,9 @@ divided by the tasks between them: instructions per task of N tool calls, for th
 ``langchain_durable.py`` run plain and under tether's ``LangChainAgent`` (SQLite store).
 
 Under valgrind a call takes about fifty times longer, so every timer of the harness is set
-out of reach (lease, polling, ``defer_results_under``): otherwise they fire in some runs and
-not in others, and the counts differ by a few percent from run to run. Kernel work (the
+out of reach (lease, polling, ``defer_results_under``, and the running worker's look for
+other processes' events every 10 ms): otherwise they fire in some runs and not in others,
+and the counts differ by a few percent from run to run. Kernel work (the
 commit's write and fsync) is not counted; user-space only.
 
     .bench-venv/bin/python bench/instructions.py [--before REV] [--steps 10]
@@ -41,7 +42,10 @@ def child(system: str, tasks: int, steps: int) -> None:
     from langchain_durable import build_agent, limits
 
     import tether as tt
+    from tether.engine import worker
     from tether.integrations.langchain import LangChainAgent
+
+    worker.QUICK_LOOK = 3600.0  # the watcher's look for other processes' events, every 10 ms
 
     folder = Path(tempfile.mkdtemp(prefix="tether-instructions-"))
     probe = Probe(folder)
