@@ -57,7 +57,7 @@ def child(system: str, tasks: int, steps: int) -> None:
         async with tt.Harness(f"sqlite:///{folder / 'tether.db'}", settings=settings) as h:
             h.add_agent("bench", LangChainAgent(agent, tools={"work": tt.ToolPolicy(
                 idempotent=True)}))
-            answer = ""
+            answer, task = "", ""
             for run in range(3 + tasks):
                 probe.tools = 0
                 if system == "plain" and run >= 3:
@@ -66,9 +66,8 @@ def child(system: str, tasks: int, steps: int) -> None:
                 else:
                     task = await h.submit("bench", PROMPT)
                     await h.run_until_idle(concurrency=1)
-                    answer = "" if system == "plain" else task
             if system != "plain":  # read once, after the counted runs: the same in every count
-                answer = str((await h.get(answer)).snapshot.result)
+                answer = str((await h.get(task)).snapshot.result)
             if answer != f"done {steps}" or probe.tools != steps:
                 raise SystemExit(f"{system}: the last run did not make its {steps} calls"
                                  f" ({probe.tools} made, answer {answer!r})")

@@ -174,20 +174,27 @@ def builtin_only(value: Any) -> bool:
     """Whether *value* is built of Python's own types only: no dataclass, pydantic model,
     subclass, datetime or other object that JSON would carry only converted."""
     try:
-        orjson.dumps(value, default=_not_builtin, option=_BUILTIN_ONLY)
+        return _builtin_json(value) is not None
     except orjson.JSONEncodeError:
         return False
-    return True
+
+
+def _builtin_json(value: Any) -> bytes | None:
+    """*value*'s JSON if it is built of Python's own types only, else None."""
+    try:
+        return orjson.dumps(value, default=_not_builtin, option=_BUILTIN_ONLY)
+    except orjson.JSONEncodeError as exc:
+        if isinstance(exc.__cause__, _NotBuiltin):
+            return None
+        raise
 
 
 def _encoded(value: Any) -> tuple[bytes, bool]:
     """*value*'s JSON, and whether it is built of Python's own types only (one encoding for
     those; one more for the rest, as orjson encodes them natively)."""
-    try:
-        return orjson.dumps(value, default=_not_builtin, option=_BUILTIN_ONLY), True
-    except orjson.JSONEncodeError as exc:
-        if not isinstance(exc.__cause__, _NotBuiltin):
-            raise
+    encoded = _builtin_json(value)
+    if encoded is not None:
+        return encoded, True
     return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS), False
 
 

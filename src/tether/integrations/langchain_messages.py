@@ -100,9 +100,9 @@ class Messages:
     def recorded(self, messages: list[BaseMessage]) -> list[dict[str, Any]]:
         """*messages*, made in this process, as their row holds them. Where the row is all
         they are (nothing in them but JSON's own data: an artifact of live objects, such as a
-        retriever's Documents, comes back from the row as plain data, as it would after a
-        restart), the row fed back takes them as they are (a few are
-        kept: a row that never came, a dropped plan's, does not pile up)."""
+        retriever's Documents, comes back from the row as plain data, as after a restart),
+        the row fed back takes them as they are. A few are kept: a row that never came, a
+        dropped plan's, does not pile up."""
         raw = [message_to_dict(m) for m in messages]
         plain = [dict(pydantic_core.to_jsonable_python(m, fallback=str)) for m in raw]
         if plain == raw and all(builtin_only(vars(m)) for m in messages):
